@@ -1,0 +1,59 @@
+"""The environment protocol every dialogue domain implements (DoND now, TeleSales later).
+
+A *scenario* is one prompt of the paper's GRPO groups (Eq. 4 groups rollouts by scenario).
+An environment is pure Python: it never touches models. The rollout runner asks it, turn by
+turn, who speaks, feeds it each utterance, and at the end asks it for each role's reward.
+Nothing here assumes exactly two roles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+
+@dataclass
+class TurnResult:
+    """What the environment says about one utterance."""
+
+    valid: bool  # False: malformed (wrong format / impossible allocation); the runner may re-sample it
+    done: bool  # the dialogue is over after this turn
+    reason: str = ""  # why invalid / why done, for logs
+
+
+@dataclass
+class Outcome:
+    """How a finished dialogue ended, per role (indexed by role name)."""
+
+    agreed: bool  # a deal / success was reached
+    malformed: bool  # ended because a turn stayed malformed after the re-samples
+    utilities: dict[str, float] = field(default_factory=dict)  # raw task utility per role (0 without a deal)
+    info: dict[str, Any] = field(default_factory=dict)  # domain-specific details (allocations, ...)
+
+
+class DialogueEnv(Protocol):
+    """A turn-based dialogue game between ``len(roles)`` roles.
+
+    ``seats`` is the speaking order of a dialogue: a permutation of the roles; seat 0 speaks first,
+    then seats alternate (round-robin for more than two roles).
+    """
+
+    roles: Sequence[str]
+
+    def system_prompt(self, scenario: Any, role: str) -> str:
+        """The role's system message, containing its private input for this scenario."""
+
+    def new_state(self, scenario: Any, seats: Sequence[str]) -> Any:
+        """A fresh mutable dialogue state."""
+
+    def step(self, state: Any, role: str, text: str) -> TurnResult:
+        """Apply one utterance of ``role``. Invalid utterances must not change the state."""
+
+    def finish_malformed(self, state: Any, role: str) -> None:
+        """End the dialogue because ``role``'s turn stayed malformed after the re-samples."""
+
+    def outcome(self, state: Any) -> Outcome:
+        """The outcome of a finished dialogue."""
+
+    def reward(self, state: Any, role: str) -> float:
+        """The role's default (rule) reward for a finished dialogue."""

@@ -1,0 +1,35 @@
+"""marti-ibrl: Isolated Bilateral RL for strategic dialogue agents, a thin plugin over OpenRLHF 0.11.2.
+
+openrlhf itself is NOT in install_requires: its wheel requires flash-attn, vllm and bitsandbytes,
+which cannot be installed on a CPU-only machine. `make install` installs it with --no-deps plus
+requirements/openrlhf-cpu.txt (its requirements minus those three), then applies patches/.
+On GPUs add the `gpu` extra (the versions openrlhf 0.11.2 pins).
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="marti-ibrl",
+    version="0.1.0",
+    description="Isolated Bilateral RL (IB-RL) for strategic dialogue agents, on OpenRLHF",
+    python_requires=">=3.10",
+    packages=find_packages(include=["marti_ibrl", "marti_ibrl.*"]),
+    include_package_data=True,
+    install_requires=[
+        "torch>=2.4",  # the Makefile installs torch==2.13.0 (CPU wheel) first
+        "deepspeed==0.19.6",
+        "ray[default]==2.55.0",
+        "transformers==5.15.0",
+        "tokenizers",
+        "safetensors",
+        "omegaconf>=2.3",
+        "tqdm",
+        "tensorboard",
+        "jsonlines",
+    ],
+    extras_require={
+        "gpu": ["vllm==0.29.0", "flash-attn==2.8.3"],
+        "dev": ["pytest>=8", "pytest-timeout", "ruff==0.17.*"],
+    },
+    entry_points={"console_scripts": ["marti-ibrl=marti_ibrl.cli:main"]},
+)
