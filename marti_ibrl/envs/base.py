@@ -46,11 +46,17 @@ class DialogueEnv(Protocol):
     def new_state(self, scenario: Any, seats: Sequence[str]) -> Any:
         """A fresh mutable dialogue state."""
 
+    def current_role(self, state: Any) -> str:
+        """Whose turn it is."""
+
     def step(self, state: Any, role: str, text: str) -> TurnResult:
         """Apply one utterance of ``role``. Invalid utterances must not change the state."""
 
     def finish_malformed(self, state: Any, role: str) -> None:
         """End the dialogue because ``role``'s turn stayed malformed after the re-samples."""
+
+    def abort(self, state: Any, reason: str) -> None:
+        """End the dialogue without agreement for a reason outside the game (e.g. the context limit)."""
 
     def outcome(self, state: Any) -> Outcome:
         """The outcome of a finished dialogue."""

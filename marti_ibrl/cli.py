@@ -1,0 +1,83 @@
+"""``marti-ibrl``: train | dond sample / check-data | patch apply / check / revert | demo.
+
+``main(argv)`` parses; ``train`` hands a validated :class:`~marti_ibrl.config.Config` to
+:func:`marti_ibrl.trainer.train`. Heavy imports (torch, Ray, OpenRLHF) happen only in the command
+that needs them, so ``--help`` and config errors are instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from marti_ibrl.config import ConfigError, load_config
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.flags)
+    except ConfigError as e:
+        print(f"marti-ibrl train: error: {e}", file=sys.stderr)
+        return 2
+    from marti_ibrl.trainer import train
+
+    train(cfg)
+    return 0
+
+
+def _cmd_patch(args: argparse.Namespace) -> int:
+    from marti_ibrl.patching import PatchError
+    from marti_ibrl.patching import main as patch_main
+
+    try:
+        return patch_main(args.action, args.root)
+    except PatchError as e:
+        print(f"marti-ibrl patch: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from marti_ibrl.demo import main as demo_main
+
+    return demo_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="marti-ibrl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser(
+        "train",
+        help="IB-RL training (Ray + DeepSpeed)",
+        description="Flags: --config FILE.yaml, --section.key VALUE (see marti_ibrl/config.py), --roleN.key VALUE.",
+    )
+    train.set_defaults(func=_cmd_train)
+
+    from marti_ibrl.envs.dond.commands import add_dond_subparsers
+
+    add_dond_subparsers(sub)
+
+    patch = sub.add_parser("patch", help="apply / check / revert our OpenRLHF patches")
+    patch.add_argument("action", choices=["apply", "check", "revert"])
+    patch.add_argument("--root", help="directory holding the openrlhf package (default: the installed one)")
+    patch.set_defaults(func=_cmd_patch)
+
+    demo = sub.add_parser("demo", help="the embedded CPU default: tiny model, SFT warm start, IB-RL on DoND")
+    demo.add_argument("--out", default="runs/demo", help="output directory")
+    demo.add_argument("--iterations", type=int, default=None, help="IB-RL iterations (default: the recipe's)")
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "train":
+        args.flags = rest  # dotted flags are the config's business (marti_ibrl.config.load_config)
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

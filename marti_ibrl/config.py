@@ -1,0 +1,305 @@
+"""Configuration: one schema, documented once per field, validated before Ray starts.
+
+Sources, later wins: the defaults below < ``--config FILE.yaml`` (omegaconf) < dotted command-line
+flags in OpenRLHF style (``--rollout.n_samples_per_prompt 4``, ``--train.iterations 10``), with one
+section per role: ``--role1.lr 1e-6 --role2.update_every 2`` (``roleN`` is the N-th entry of ``roles``;
+their names come from the environment, e.g. DoND's ``agent1``/``agent2``).
+Every error is a :class:`ConfigError` naming the offending flag; no value is silently changed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the flag."""
+
+
+@dataclass
+class RoleConfig:
+    """One trainable role (paper §4: each role has its own policy, optimizer, reward and schedule)."""
+
+    name: str = ""
+    """Role name; filled from the environment's role list (e.g. ``agent1``) when left empty."""
+    pretrain: str = MISSING
+    """HF checkpoint path of the role's initial policy; also its KL reference π_ref (Eq. 5)."""
+    lr: float = 1e-6
+    """Adam learning rate α_i (Alg. 1, lines 8/11). Paper: 1e-6 sales, 1e-7 user."""
+    update_every: int = 1
+    """Staggered updates (§4.2): the role updates on iterations k with k % update_every == 0."""
+    reward_fn: str | None = None
+    """``module:function`` with signature ``fn(trajectory, role, scenario) -> float``; default: the env's rule."""
+    kl_coef: float = 0.02
+    """β in Eq. 5: weight of the k3 KL to the role's initial checkpoint (0 disables the reference model)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (paper TeleSales: 0.1)."""
+    eps_clip: float = 0.2
+    """ε in Eq. 5 (PPO ratio clipping)."""
+    advantage_estimator: str = "group_norm"
+    """Per-role group baseline (Eq. 4 is group_norm); also rloo, reinforce_baseline, dr_grpo."""
+    num_engines: int = 1
+    """Rollout engines serving this role (vLLM on GPU, HF generate on CPU)."""
+    tensor_parallel_size: int = 1
+    """vLLM tensor parallel size per engine."""
+    num_nodes: int = 1
+    """Nodes of the role's DeepSpeed actor group."""
+    num_gpus_per_node: int = 1
+    """Training ranks per node for the role's actor (and reference) group."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM KV-cache budget per engine (GPU only)."""
+
+
+@dataclass
+class EnvConfig:
+    name: str = "dond"
+    """Environment: ``dond`` (Deal-or-No-Deal)."""
+    max_rounds: int = 10
+    """Round limit (a round is two turns); reaching it ends the dialogue with no deal."""
+    invalid_penalty: float = -1.0
+    """Added to the reward of a role whose turn stayed malformed after the re-samples."""
+    max_resamples: int = 2
+    """A malformed turn is re-sampled this many times, then the dialogue is scored as no deal."""
+    prompt_style: str = "paper"
+    """``paper`` (Table 17) or ``compact`` (short prompt for tiny CPU models)."""
+    data: str | None = None
+    """Lewis-format scenario file; when empty, scenarios come from the seeded generator."""
+    num_scenarios: int = 4096
+    """Size of the generated training scenario set (when ``data`` is empty)."""
+
+
+@dataclass
+class RolloutConfig:
+    n_samples_per_prompt: int = 4
+    """G: rollouts per scenario (paper: 4)."""
+    batch_size: int = 16
+    """Scenarios per iteration; every iteration has batch_size × G dialogues."""
+    micro_batch_size: int = 8
+    """Samples per forward call when computing log-probs for experiences."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 48
+    """Per-turn generation cap (tokens)."""
+    max_len: int = 2048
+    """Per-role context cap (tokens); a dialogue that would exceed it ends with no deal."""
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 10
+    """Number of IB-RL iterations k = 1..T (Alg. 1)."""
+    micro_batch_size: int = 8
+    """Per-rank micro batch for the policy update."""
+    max_epochs: int = 1
+    """PPO epochs over each iteration's experiences."""
+    seed: int = 42
+    device: str = "auto"
+    """``auto`` (cuda when available), ``cpu`` or ``cuda``."""
+
+
+@dataclass
+class DsConfig:
+    zero_stage: int = 2
+    param_dtype: str = "bf16"
+    """``bf16`` or ``fp32`` (``auto`` picks fp32 on CPU)."""
+    attn_implementation: str = "auto"
+    """``auto``: flash_attention_2 when installed on GPU, else sdpa."""
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class CkptConfig:
+    path: str = "runs/ibrl"
+    """Run directory: per-role DeepSpeed checkpoints, HF exports, logs."""
+    save_steps: int = -1
+    """Save DeepSpeed checkpoints every N iterations (-1: only at the end)."""
+    save_hf: bool = True
+    """Also export HF ``save_pretrained`` checkpoints per role."""
+    load_enable: bool = False
+    """Resume from the latest checkpoint in ``path``."""
+    max_num: int = 3
+
+
+@dataclass
+class LoggerConfig:
+    tensorboard_dir: str | None = None
+    """Default: ``<ckpt.path>/tensorboard``."""
+    wandb_project: str | None = None
+    """Log to wandb when set (needs WANDB_API_KEY or offline mode)."""
+    wandb_run_name: str | None = None
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None
+    """Ray cluster address (``auto`` on Slurm); empty: start a local Ray."""
+    num_cpus: int | None = None
+    """Local Ray only: CPU slots (default: enough for every actor)."""
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    roles: list[RoleConfig] = field(default_factory=list)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    ds: DsConfig = field(default_factory=DsConfig)
+    ckpt: CkptConfig = field(default_factory=CkptConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+_ROLE_FLAG = re.compile(r"^role(\d+)\.(.+)$")
+ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")
+
+
+def env_roles(env_name: str) -> tuple[str, ...]:
+    """Role names of an environment, without importing any model code."""
+    if env_name == "dond":
+        return ("agent1", "agent2")
+    raise ConfigError(f"--env.name: unknown environment {env_name!r} (known: dond)")
+
+
+def _flags_to_dotlist(argv: list[str]) -> list[tuple[str, str, str]]:
+    """``--a.b 1 --c.d=2 --flag`` -> [(flag, key, value)]; a bare flag means ``true``."""
+    out = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r} (flags look like --section.key VALUE)")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value = argv[i + 1]
+                i += 1
+            else:
+                value = "true"
+        out.append((arg.split("=")[0], key.replace("-", "_"), value))
+        i += 1
+    return out
+
+
+def load_config(argv: list[str]) -> Config:
+    """Parse ``[--config FILE.yaml] --section.key value ...`` into a validated :class:`Config`."""
+    argv = list(argv)
+    config_file = None
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 >= len(argv):
+            raise ConfigError("--config: expected a YAML file path")
+        config_file = argv[i + 1]
+        del argv[i : i + 2]
+    schema = OmegaConf.structured(Config)
+    merged = schema
+    file_cfg: dict[str, Any] = {}
+    if config_file:
+        if not Path(config_file).is_file():
+            raise ConfigError(f"--config: no such file {config_file}")
+        file_cfg = OmegaConf.to_container(OmegaConf.load(config_file)) or {}
+    flags = _flags_to_dotlist(argv)
+    env_name = next((v for f, k, v in flags if k == "env.name"), (file_cfg.get("env") or {}).get("name", "dond"))
+    names = env_roles(env_name)
+    # roles: the file may give a list (or a role1/role2 mapping); flags address roleN.
+    file_roles = file_cfg.pop("roles", None) or []
+    for key in [k for k in list(file_cfg) if _ROLE_FLAG.match(k + ".x")]:
+        idx = int(key[4:]) - 1
+        file_roles += [{}] * (idx + 1 - len(file_roles))
+        file_roles[idx] = file_cfg.pop(key)
+    if len(file_roles) > len(names):
+        raise ConfigError(f"--config: {len(file_roles)} roles given, environment {env_name} has {len(names)}")
+    roles = [dict(file_roles[i]) if i < len(file_roles) else {} for i in range(len(names))]
+    for i, name in enumerate(names):
+        roles[i].setdefault("name", name)
+    try:
+        merged = OmegaConf.merge(schema, {**file_cfg, "roles": roles})
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"--config {config_file}: {e.msg}") from None
+    for flag, key, value in flags:
+        m = _ROLE_FLAG.match(key)
+        if m:
+            idx = int(m.group(1)) - 1
+            if not 0 <= idx < len(names):
+                raise ConfigError(f"{flag}: environment {env_name} has roles role1..role{len(names)}")
+            key = f"roles.{idx}.{m.group(2)}"
+        try:
+            OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=False)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"{flag}: {e.msg}") from None
+    try:
+        cfg: Config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"missing value: --{_flag_name(e.full_key)} ({e.msg})") from None
+    validate(cfg)
+    return cfg
+
+
+def _flag_name(key: str | None) -> str:
+    m = re.match(r"roles\[?\.?(\d+)\]?\.(.+)", key or "")
+    return f"role{int(m.group(1)) + 1}.{m.group(2)}" if m else str(key)
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks; each error names its flag and says why."""
+
+    def need(ok: bool, flag: str, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"--{flag}: {why}")
+
+    need(cfg.env.max_rounds >= 1, "env.max_rounds", "must be >= 1")
+    need(cfg.env.max_resamples >= 0, "env.max_resamples", "must be >= 0")
+    need(cfg.env.prompt_style in ("paper", "compact"), "env.prompt_style", "must be paper or compact")
+    need(cfg.env.data is None or Path(cfg.env.data).is_file(), "env.data", f"no such file {cfg.env.data}")
+    need(cfg.rollout.n_samples_per_prompt >= 2, "rollout.n_samples_per_prompt", "GRPO groups need G >= 2 (Eq. 4)")
+    need(cfg.rollout.batch_size >= 1, "rollout.batch_size", "must be >= 1")
+    need(cfg.rollout.micro_batch_size >= 1, "rollout.micro_batch_size", "must be >= 1")
+    need(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+    need(cfg.rollout.max_len > cfg.rollout.max_new_tokens, "rollout.max_len", "must exceed rollout.max_new_tokens")
+    need(cfg.rollout.temperature > 0, "rollout.temperature", "must be > 0")
+    need(0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+    need(cfg.train.iterations >= 1, "train.iterations", "must be >= 1")
+    need(cfg.train.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
+    need(cfg.train.max_epochs >= 1, "train.max_epochs", "must be >= 1")
+    need(cfg.train.device in ("auto", "cpu", "cuda"), "train.device", "must be auto, cpu or cuda")
+    need(cfg.ds.zero_stage in (0, 1, 2, 3), "ds.zero_stage", "must be 0, 1, 2 or 3")
+    need(cfg.ds.param_dtype in ("bf16", "fp32", "auto"), "ds.param_dtype", "must be bf16, fp32 or auto")
+    need(cfg.ckpt.save_steps == -1 or cfg.ckpt.save_steps >= 1, "ckpt.save_steps", "must be -1 or >= 1")
+    names = [r.name for r in cfg.roles]
+    need(len(set(names)) == len(names), "roles", f"role names must be unique, got {names}")
+    for i, role in enumerate(cfg.roles, start=1):
+        p = f"role{i}"
+        need(bool(role.pretrain), f"{p}.pretrain", "a checkpoint path is required")
+        need(Path(role.pretrain).is_dir(), f"{p}.pretrain", f"not a directory: {role.pretrain}")
+        need(role.lr > 0, f"{p}.lr", "must be > 0")
+        need(role.update_every >= 1, f"{p}.update_every", "must be >= 1")
+        need(role.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
+        need(role.entropy_coef >= 0, f"{p}.entropy_coef", "must be >= 0")
+        need(0 < role.eps_clip < 1, f"{p}.eps_clip", "must be in (0, 1)")
+        need(role.advantage_estimator in ESTIMATORS, f"{p}.advantage_estimator", f"must be one of {ESTIMATORS}")
+        need(role.num_engines >= 1, f"{p}.num_engines", "must be >= 1")
+        need(role.tensor_parallel_size >= 1, f"{p}.tensor_parallel_size", "must be >= 1")
+        need(role.num_nodes >= 1 and role.num_gpus_per_node >= 1, f"{p}.num_gpus_per_node", "must be >= 1")
+        if role.reward_fn is not None:
+            need(":" in role.reward_fn, f"{p}.reward_fn", "expected module:function")
+            from marti_ibrl.rewards import load_reward_fn
+
+            try:
+                load_reward_fn(role.reward_fn)
+            except (ImportError, AttributeError, TypeError) as e:
+                raise ConfigError(f"--{p}.reward_fn: {e}") from None
+    samples = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+    need(
+        samples % cfg.train.micro_batch_size == 0,
+        "train.micro_batch_size",
+        f"must divide the {samples} samples per role per iteration (rollout.batch_size × n_samples_per_prompt)",
+    )
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

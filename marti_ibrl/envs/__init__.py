@@ -1,0 +1,24 @@
+"""Dialogue environments. ``make_env`` builds the configured one with its training scenarios."""
+
+from __future__ import annotations
+
+from marti_ibrl.config import EnvConfig, env_roles
+from marti_ibrl.envs.base import DialogueEnv, Outcome, TurnResult
+
+__all__ = ["DialogueEnv", "Outcome", "TurnResult", "make_env"]
+
+
+def make_env(cfg: EnvConfig, seed: int) -> tuple[DialogueEnv, list[tuple[str, object]]]:
+    """The environment and its training scenarios as (uid, scenario) pairs."""
+    if cfg.name == "dond":
+        from marti_ibrl.envs.dond import DondEnv, generate_scenarios, load_lewis_file
+
+        env = DondEnv(
+            roles=env_roles(cfg.name),
+            max_rounds=cfg.max_rounds,
+            invalid_penalty=cfg.invalid_penalty,
+            prompt_style=cfg.prompt_style,
+        )
+        scenarios = load_lewis_file(cfg.data) if cfg.data else generate_scenarios(cfg.num_scenarios, seed)
+        return env, [(s.uid, s) for s in scenarios]
+    raise ValueError(f"unknown environment {cfg.name!r}")

@@ -1,0 +1,48 @@
+"""Deal-or-No-Deal (Lewis et al. 2017) with the paper's Table-17 protocol: scenarios, environment, prompts, bots."""
+
+from marti_ibrl.envs.dond.bots import (
+    TRAINING_BOTS,
+    ConcedingNegotiator,
+    FairNegotiator,
+    ScriptedNegotiator,
+    make_bot,
+    play_dialogue,
+)
+from marti_ibrl.envs.dond.commands import add_dond_subparsers
+from marti_ibrl.envs.dond.game import DondEnv, DondState, complement, is_complementary, utility
+from marti_ibrl.envs.dond.prompts import role_prompt
+from marti_ibrl.envs.dond.protocol import Action, format_selection, format_try, parse_utterance
+from marti_ibrl.envs.dond.scenarios import (
+    DondScenario,
+    LewisRecord,
+    generate_scenarios,
+    load_lewis_file,
+    parse_lewis_line,
+    rule_violations,
+)
+
+__all__ = [
+    "TRAINING_BOTS",
+    "Action",
+    "ConcedingNegotiator",
+    "DondEnv",
+    "DondScenario",
+    "DondState",
+    "FairNegotiator",
+    "LewisRecord",
+    "ScriptedNegotiator",
+    "add_dond_subparsers",
+    "complement",
+    "format_selection",
+    "format_try",
+    "generate_scenarios",
+    "is_complementary",
+    "load_lewis_file",
+    "make_bot",
+    "parse_lewis_line",
+    "parse_utterance",
+    "play_dialogue",
+    "role_prompt",
+    "rule_violations",
+    "utility",
+]

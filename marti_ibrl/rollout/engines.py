@@ -1,0 +1,156 @@
+"""Rollout engines behind one small protocol, so the runner never knows which backend it drives.
+
+Protocol (Ray actor methods)::
+
+    generate_batch(prompts: list[list[int]], sampling: dict) -> list[dict]
+        # each result: {"token_ids": [...], "logprobs": [...], "finish_reason": "stop" | "length"}
+        # sampling: {"temperature", "top_p", "max_new_tokens"}; logprobs are log π(w) of the
+        # temperature-scaled policy, the same quantity OpenRLHF's Actor computes for training.
+    update_weights_from_state_dict(state_dict)   # weight sync (OpenRLHF patch 0002, object store)
+
+Implementations: :class:`HFGenerateEngine` (CPU, or any machine without vLLM: batched HF
+``generate``) and :func:`vllm_engine_class` (OpenRLHF's vLLM ``RolloutRayActor`` + ``generate_batch``).
+Both are started through OpenRLHF's ``create_vllm_engines(..., engine_cls=...)`` (patch 0003), so
+placement is the same code on CPU and GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import ray
+import torch
+
+
+class HFGenerateEngine:
+    """An HF-``generate`` rollout engine (Ray actor) standing in for vLLM where vLLM cannot run.
+
+    Accepts ``create_vllm_engines``' keyword arguments; uses ``model`` (checkpoint path) and
+    ``seed`` and ignores the vLLM-only ones.
+    """
+
+    def __init__(self, model: str, seed: int = 0, **_vllm_kwargs):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(seed)
+        torch.set_num_threads(1)
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.eos_id = self.tokenizer.eos_token_id
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def generate_batch(self, prompts: list[list[int]], sampling: dict) -> list[dict]:
+        if not prompts:
+            return []
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
+            ids[i, width - len(p) :] = torch.tensor(p)
+            attn[i, width - len(p) :] = 1
+        temperature = float(sampling.get("temperature", 1.0))
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=attn,
+            do_sample=True,
+            temperature=temperature,
+            top_p=float(sampling.get("top_p", 1.0)),
+            top_k=0,
+            max_new_tokens=int(sampling["max_new_tokens"]),
+            eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        new = out.sequences[:, width:]
+        # log π(w): the raw logits at temperature, as OpenRLHF's Actor scores them (no top-p warping)
+        logits = torch.stack(out.logits, dim=1).float() / temperature
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        results = []
+        for row, lp in zip(new.tolist(), logprobs.tolist()):
+            n = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
+            finished = n <= len(row) and self.eos_id in row[:n]
+            results.append(
+                {"token_ids": row[:n], "logprobs": lp[:n], "finish_reason": "stop" if finished else "length"}
+            )
+        return results
+
+    def update_weights_from_state_dict(self, state_dict: dict) -> None:
+        self.model.load_state_dict({k: v.float() for k, v in state_dict.items()}, strict=False)
+
+    def weights_digest(self) -> str:
+        """sha256 over the engine's parameters (tests: which weights does the engine hold?)."""
+        h = hashlib.sha256()
+        for name, p in sorted(self.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(p.detach().float().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    # --- the rest of the vLLM-engine surface OpenRLHF calls; nothing to do for HF generate ---
+    def init_process_group(self, *args, **kwargs):
+        return None
+
+    def reset_prefix_cache(self):
+        return None
+
+    def sleep(self, level: int = 1):
+        return None
+
+    def wake_up(self, tags=None):
+        return None
+
+    def get_num_unfinished_requests(self) -> int:
+        return 0
+
+
+HFGenerateEngineActor = ray.remote(HFGenerateEngine)
+
+
+def vllm_engine_class():
+    """OpenRLHF's vLLM ``RolloutRayActor`` plus ``generate_batch``/``weights_digest`` (imports vllm lazily)."""
+    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+
+    base = RolloutRayActor.__ray_actor_class__
+
+    class VLLMRolloutEngine(base):
+        async def generate_batch(self, prompts: list[list[int]], sampling: dict) -> list[dict]:
+            from vllm import SamplingParams
+
+            params = SamplingParams(
+                temperature=float(sampling.get("temperature", 1.0)),
+                top_p=float(sampling.get("top_p", 1.0)),
+                max_tokens=int(sampling["max_new_tokens"]),
+                logprobs=0,
+            )
+            outs = await asyncio.gather(*(self.generate(p, params) for p in prompts))
+            results = []
+            for o in outs:
+                c = o.outputs[0]
+                ids = list(c.token_ids)
+                lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])] if c.logprobs else [0.0] * len(ids)
+                results.append({"token_ids": ids, "logprobs": lps, "finish_reason": c.finish_reason or "length"})
+            return results
+
+    return ray.remote(VLLMRolloutEngine)
+
+
+def create_engines(role_args, pretrain: str, seed: int, use_vllm: bool, num_engines: int, tp: int, max_len: int):
+    """Start a role's engines through OpenRLHF's ``create_vllm_engines`` with our engine class."""
+    from openrlhf.trainer.ray.vllm_engine import create_vllm_engines
+
+    return create_vllm_engines(
+        num_engines,
+        tp,
+        pretrain,
+        seed,
+        full_determinism=False,
+        enable_prefix_caching=False,
+        enforce_eager=not use_vllm,
+        max_model_len=max_len,
+        gpu_memory_utilization=role_args.vllm.gpu_memory_utilization,
+        logprobs_mode="processed_logprobs" if use_vllm else None,
+        engine_cls=vllm_engine_class() if use_vllm else HFGenerateEngineActor,
+    )
