@@ -76,9 +76,7 @@ def _patch(root: Path, patch: Path, *extra: str) -> subprocess.CompletedProcess:
         "-d",
         str(root),
     ]
-    return subprocess.run(
-        [*cmd, *extra, "-i", str(patch)], capture_output=True, text=True
-    )
+    return subprocess.run([*cmd, *extra, "-i", str(patch)], capture_output=True, text=True)
 
 
 def _touched_files(patches: list[Path]) -> set[str]:
@@ -111,9 +109,7 @@ def _plan(root: Path, scratch: Path, patch_dir: Path) -> list[PatchStatus]:
     for p in patches:
         res = _patch(scratch, p, "--forward")
         if res.returncode != 0:
-            out.append(
-                PatchStatus(p.name, "conflict", (res.stdout + res.stderr).strip())
-            )
+            out.append(PatchStatus(p.name, "conflict", (res.stdout + res.stderr).strip()))
             continue
         out.append(PatchStatus(p.name, "applied" if p.name in applied else "pending"))
     return out
@@ -133,9 +129,7 @@ def _transition(root: Path, patch_dir: Path, want_applied: bool) -> list[str]:
         bad = [s for s in statuses if s.state == "conflict"]
         if bad:
             lines = "\n".join(f"  {s.name}: {s.detail}" for s in bad)
-            raise PatchError(
-                f"patch does not apply to the installed openrlhf (nothing was changed):\n{lines}"
-            )
+            raise PatchError(f"patch does not apply to the installed openrlhf (nothing was changed):\n{lines}")
         changing = [s.name for s in statuses if (s.state == "pending") == want_applied]
         if not changing:
             return []
@@ -143,9 +137,7 @@ def _transition(root: Path, patch_dir: Path, want_applied: bool) -> list[str]:
             for p in reversed(patch_files(patch_dir)):
                 res = _patch(scratch, p, "--reverse")
                 if res.returncode != 0:
-                    raise PatchError(
-                        f"reverting {p.name} failed: {res.stdout}{res.stderr}"
-                    )
+                    raise PatchError(f"reverting {p.name} failed: {res.stdout}{res.stderr}")
         for rel in sorted(_touched_files(patch_files(patch_dir))):
             shutil.copyfile(scratch / rel, root / rel)
         return changing
@@ -166,16 +158,11 @@ def main(action: str, root: str | None = None) -> int:
     target = Path(root) if root else installed_root()
     if action == "apply":
         done = apply(target)
-        print(
-            f"applied {len(done)} patch(es)"
-            + (": " + ", ".join(done) if done else " (all already applied)")
-        )
+        print(f"applied {len(done)} patch(es)" + (": " + ", ".join(done) if done else " (all already applied)"))
         return 0
     if action == "revert":
         done = revert(target)
-        print(
-            f"reverted {len(done)} patch(es)" + (": " + ", ".join(done) if done else "")
-        )
+        print(f"reverted {len(done)} patch(es)" + (": " + ", ".join(done) if done else ""))
         return 0
     statuses = status(target)
     for s in statuses:
