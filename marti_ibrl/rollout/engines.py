@@ -84,7 +84,7 @@ class HFGenerateEngine:
     def weights_digest(self) -> str:
         """sha256 over the engine's parameters (tests: which weights does the engine hold?)."""
         h = hashlib.sha256()
-        for name, p in sorted(self.model.state_dict().items()):
+        for name, p in self.model.named_parameters():  # same order and names as the trainer's model
             h.update(name.encode())
             h.update(p.detach().float().contiguous().numpy().tobytes())
         return h.hexdigest()

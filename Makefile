@@ -1,0 +1,55 @@
+# marti-ibrl — `make test` and `make demo` each work on a fresh clone (they run `install` first when needed).
+#
+# Why openrlhf is installed with --no-deps: its wheel requires flash-attn, vllm and bitsandbytes.
+# flash-attn builds CUDA kernels (needs nvcc), vllm ships CUDA wheels and pulls a CUDA torch, and
+# bitsandbytes is CUDA-only (4/8-bit); none installs or is needed on the CPU path. So we install
+# openrlhf==0.11.2 itself with --no-deps plus requirements/openrlhf-cpu.txt (its requirements minus
+# those three), then apply patches/openrlhf (lazy imports, device-agnostic actors, hooks).
+# On a GPU machine add `pip install -e ".[gpu]"` (vllm + flash-attn at openrlhf's pins).
+# torch is installed first and pinned (torch==2.13.0, a CPU wheel here) so nothing pulls a CUDA build.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+OPENRLHF_VERSION := 0.11.2
+WHEELS := $(VENV)/wheels
+
+.PHONY: install test lint test-openrlhf demo clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py requirements/openrlhf-cpu.txt $(wildcard patches/openrlhf/*.patch)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	DS_BUILD_OPS=0 $(PIP) install -q -r requirements/openrlhf-cpu.txt
+	mkdir -p $(WHEELS)
+	ls $(WHEELS)/openrlhf-$(OPENRLHF_VERSION)-*.whl >/dev/null 2>&1 || \
+		$(PIP) download -q --no-deps -d $(WHEELS) openrlhf==$(OPENRLHF_VERSION)
+	# (re)install the pristine wheel, so patches always apply to 0.11.2 as shipped
+	$(PIP) install -q --no-deps --force-reinstall $(WHEELS)/openrlhf-$(OPENRLHF_VERSION)-*.whl
+	$(PIP) install -q -e ".[dev]"
+	$(VENV)/bin/marti-ibrl patch apply
+	touch $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# OpenRLHF's own suite (shipped in its wheel as the top-level `tests` package), with our patches applied.
+# Run from /tmp so our tests/ directory does not shadow it.
+test-openrlhf: install
+	cd /tmp && $(abspath $(PY)) -m pytest -q -p no:cacheprovider \
+		$$($(abspath $(PY)) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tests
+
+test: install lint test-openrlhf
+	$(PY) -m pytest -q tests
+
+demo: install
+	bash recipes/dond/tiny-cpu.sh
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
