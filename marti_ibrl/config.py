@@ -220,7 +220,7 @@ def load_config(argv: list[str]) -> Config:
     try:
         merged = OmegaConf.merge(schema, {**file_cfg, "roles": roles})
     except OmegaConfBaseException as e:
-        raise ConfigError(f"--config {config_file}: {e.msg}") from None
+        raise ConfigError(f"--config {config_file}: {_first_line(e)}") from None
     for flag, key, value in flags:
         m = _ROLE_FLAG.match(key)
         if m:
@@ -231,13 +231,18 @@ def load_config(argv: list[str]) -> Config:
         try:
             OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=False)
         except OmegaConfBaseException as e:
-            raise ConfigError(f"{flag}: {e.msg}") from None
+            raise ConfigError(f"{flag}: {_first_line(e)}") from None
     try:
         cfg: Config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"missing value: --{_flag_name(e.full_key)} ({e.msg})") from None
+        raise ConfigError(f"missing value: --{_flag_name(e.full_key)} ({_first_line(e)})") from None
     validate(cfg)
     return cfg
+
+
+def _first_line(e: OmegaConfBaseException) -> str:
+    """OmegaConf's message without the ``full_key:``/``object_type=`` lines it appends (one-line CLI errors)."""
+    return (str(e.msg).strip().splitlines() or [""])[0]
 
 
 def _flag_name(key: str | None) -> str:

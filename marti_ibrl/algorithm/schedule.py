@@ -24,4 +24,6 @@ def roles_due(iteration: int, update_every: Mapping[str, int]) -> list[str]:
 
 def num_updates(iterations: int, update_every: int) -> int:
     """How many times a role updates in ``iterations`` iterations (sizes its LR scheduler)."""
+    if iterations < 0 or update_every < 1:
+        raise ValueError(f"iterations ({iterations}) must be >= 0 and update_every ({update_every}) >= 1")
     return iterations // update_every

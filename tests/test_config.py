@@ -1,0 +1,213 @@
+"""``load_config``: defaults < ``--config FILE.yaml`` < dotted flags; every error is a ConfigError naming its flag."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from marti_ibrl.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> str:
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    return str(d)
+
+
+@pytest.fixture
+def base(ckpt: str) -> list[str]:
+    """The smallest valid command line: both roles' checkpoints."""
+    return ["--role1.pretrain", ckpt, "--role2.pretrain", ckpt]
+
+
+def test_defaults(base: list[str], ckpt: str) -> None:
+    cfg = load_config(base)
+    assert [r.name for r in cfg.roles] == ["agent1", "agent2"]
+    for role in cfg.roles:
+        assert role.pretrain == ckpt
+        assert role.lr == 1e-6
+        assert role.update_every == 1
+        assert role.kl_coef == 0.02
+        assert role.eps_clip == 0.2
+        assert role.advantage_estimator == "group_norm"
+        assert role.reward_fn is None
+    assert cfg.env.name == "dond"
+    assert (cfg.env.max_rounds, cfg.env.invalid_penalty, cfg.env.max_resamples) == (10, -1.0, 2)
+    assert cfg.env.prompt_style == "paper"
+    assert (cfg.rollout.n_samples_per_prompt, cfg.rollout.batch_size) == (4, 16)
+    assert (cfg.rollout.max_new_tokens, cfg.rollout.max_len) == (48, 2048)
+    assert (cfg.train.iterations, cfg.train.micro_batch_size, cfg.train.seed) == (10, 8, 42)
+    assert cfg.ckpt.path == "runs/ibrl"
+
+
+def test_role_flags_land_in_their_role(base: list[str]) -> None:
+    cfg = load_config([*base, "--role1.lr", "1e-6", "--role2.update_every", "2", "--role2.lr", "1e-7"])
+    agent1, agent2 = cfg.roles
+    assert (agent1.name, agent1.lr, agent1.update_every) == ("agent1", 1e-6, 1)
+    assert (agent2.name, agent2.lr, agent2.update_every) == ("agent2", 1e-7, 2)
+
+
+def test_flag_syntaxes(base: list[str]) -> None:
+    cfg = load_config([*base, "--rollout.n-samples-per-prompt=8", "--ds.gradient_checkpointing", "--train.seed", "7"])
+    assert cfg.rollout.n_samples_per_prompt == 8
+    assert cfg.ds.gradient_checkpointing is True
+    assert cfg.train.seed == 7
+
+
+def test_yaml_file_then_flags_override(tmp_path: Path, ckpt: str) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            rollout:
+              n_samples_per_prompt: 8
+              batch_size: 4
+            train:
+              iterations: 3
+            role1:
+              pretrain: {ckpt}
+              lr: 2.0e-6
+            role2:
+              pretrain: {ckpt}
+              update_every: 3
+            """
+        )
+    )
+    cfg = load_config(["--config", str(path)])
+    assert (cfg.rollout.n_samples_per_prompt, cfg.rollout.batch_size, cfg.train.iterations) == (8, 4, 3)
+    assert [(r.name, r.lr, r.update_every) for r in cfg.roles] == [("agent1", 2e-6, 1), ("agent2", 1e-6, 3)]
+
+    cfg = load_config(["--rollout.n_samples_per_prompt", "2", "--config", str(path), "--role2.update_every", "1"])
+    assert (cfg.rollout.n_samples_per_prompt, cfg.rollout.batch_size) == (2, 4)  # flag wins, file value kept
+    assert [(r.lr, r.update_every) for r in cfg.roles] == [(2e-6, 1), (1e-6, 1)]
+
+
+def test_yaml_roles_as_a_list(tmp_path: Path, ckpt: str) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(f"roles:\n  - {{pretrain: {ckpt}, lr: 0.5}}\n  - {{pretrain: {ckpt}, kl_coef: 0.0}}\n")
+    cfg = load_config(["--config", str(path)])
+    assert [(r.name, r.lr, r.kl_coef) for r in cfg.roles] == [("agent1", 0.5, 0.02), ("agent2", 1e-6, 0.0)]
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "match"),
+    [
+        ("rollout:\n  n_samples_per_prompt: abc\n", "could not be converted"),
+        ("rollout:\n  nope: 1\n", "nope"),
+        ("roles: [{}, {}, {}]\n", "3 roles given"),
+    ],
+)
+def test_yaml_errors_name_the_file(tmp_path: Path, base: list[str], yaml_text: str, match: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=match) as err:
+        load_config(["--config", str(path), *base])
+    assert str(err.value).startswith("--config")
+    assert "\n" not in str(err.value)
+
+
+def test_missing_config_file(base: list[str], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="^--config: no such file"):
+        load_config(["--config", str(tmp_path / "absent.yaml"), *base])
+    with pytest.raises(ConfigError, match="^--config: expected a YAML file path"):
+        load_config([*base, "--config"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "prefix", "why"),
+    [
+        (["--rollout.n_samples_per_prompt", "1"], "--rollout.n_samples_per_prompt: ", "G >= 2"),
+        (["--role2.lr", "-1"], "--role2.lr: ", "must be > 0"),
+        (["--role1.pretrain", "/nonexistent"], "--role1.pretrain: ", "not a directory: /nonexistent"),
+        (["--role3.lr", "1"], "--role3.lr: ", "role1..role2"),
+        (["--rollout.nope", "1"], "--rollout.nope: ", "Key 'nope' not in 'RolloutConfig'"),
+        (["--nosection.key", "1"], "--nosection.key: ", "not in 'Config'"),
+        (["--train.iterations", "abc"], "--train.iterations: ", "'abc'"),
+        (["--train.iterations", "0"], "--train.iterations: ", ">= 1"),
+        (["--role1.reward_fn", "nomodule:fn"], "--role1.reward_fn: ", "No module named 'nomodule'"),
+        (["--role2.reward_fn", "nocolon"], "--role2.reward_fn: ", "module:function"),
+        (["--role1.reward_fn", "marti_ibrl.rewards:env_reward"], "--role1.reward_fn: ", "trajectory, role, scenario"),
+        (["--role1.advantage_estimator", "gae"], "--role1.advantage_estimator: ", "group_norm"),
+        (["--role2.eps_clip", "1.5"], "--role2.eps_clip: ", "(0, 1)"),
+        (["--env.prompt_style", "fancy"], "--env.prompt_style: ", "paper or compact"),
+        (["--env.name", "chess"], "--env.name: ", "unknown environment"),
+        (["--rollout.max_len", "48"], "--rollout.max_len: ", "max_new_tokens"),
+        (
+            ["--rollout.batch_size", "3", "--rollout.n_samples_per_prompt", "2", "--train.micro_batch_size", "4"],
+            "--train.micro_batch_size: ",
+            "must divide the 6 samples",
+        ),
+        (["positional"], "unexpected argument 'positional'", ""),
+    ],
+)
+def test_each_error_names_its_flag(base: list[str], flags: list[str], prefix: str, why: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config([*base, *flags])
+    msg = str(err.value)
+    assert msg.startswith(prefix), msg
+    assert why in msg
+    assert "\n" not in msg  # one line, no OmegaConf full_key/object_type dump
+
+
+def test_missing_pretrain_is_named_as_a_flag(ckpt: str) -> None:
+    with pytest.raises(ConfigError, match=r"^missing value: --role2\.pretrain \(") as err:
+        load_config(["--role1.pretrain", ckpt])
+    assert "\n" not in str(err.value)
+
+
+def test_valid_custom_reward_fn(base: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_rewards_for_cfg_test.py").write_text(
+        "def fn(trajectory, role, scenario):\n    return 1.0\n\ndef bad(trajectory):\n    return 1.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config([*base, "--role2.reward_fn", "my_rewards_for_cfg_test:fn"])
+    assert cfg.roles[1].reward_fn == "my_rewards_for_cfg_test:fn"
+    with pytest.raises(ConfigError, match=r"^--role1\.reward_fn: .*must accept \(trajectory, role, scenario\)"):
+        load_config([*base, "--role1.reward_fn", "my_rewards_for_cfg_test:bad"])
+    with pytest.raises(ConfigError, match=r"^--role1\.reward_fn: .*missing"):
+        load_config([*base, "--role1.reward_fn", "my_rewards_for_cfg_test:missing"])
+
+
+def _cli(*args: str) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    start = time.perf_counter()
+    res = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    return res, time.perf_counter() - start
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--rollout.n_samples_per_prompt", "1"], "--rollout.n_samples_per_prompt: GRPO groups need G >= 2 (Eq. 4)"),
+        (["--train.iterations", "abc"], "--train.iterations: Value 'abc' of type 'str' could not be converted"),
+    ],
+)
+def test_cli_config_error_exits_2_with_one_line(ckpt: str, flags: list[str], message: str) -> None:
+    res, seconds = _cli("-m", "marti_ibrl.cli", "train", *flags, "--role1.pretrain", ckpt, "--role2.pretrain", ckpt)
+    assert res.returncode == 2
+    assert res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"marti-ibrl train: error: {message}")
+    assert seconds < 5, f"a config error took {seconds:.1f}s: something heavy was imported or started"
+
+
+def test_cli_config_error_starts_no_ray_and_imports_no_torch(ckpt: str) -> None:
+    code = (
+        "import sys; from marti_ibrl.cli import main; "
+        f"rc = main(['train', '--rollout.n_samples_per_prompt', '1', '--role1.pretrain', {ckpt!r}, "
+        f"'--role2.pretrain', {ckpt!r}]); "
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'torch', 'openrlhf', 'deepspeed'}); "
+        "print(rc, heavy)"
+    )
+    res, _ = _cli("-c", code)
+    assert res.stdout.strip() == "2 []", res.stdout + res.stderr

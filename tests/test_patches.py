@@ -1,0 +1,178 @@
+"""``marti_ibrl.patching`` on a pristine openrlhf 0.11.2 extracted from the wheel: apply / check / revert."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from marti_ibrl import patching
+
+PACKAGE_PREFIX = "openrlhf-0.11.2.data/purelib/"
+
+
+def _wheel() -> Path:
+    wheels = sorted((Path(sys.prefix) / "wheels").glob("openrlhf-0.11.2-*.whl"))
+    if not wheels:
+        pytest.skip(f"no openrlhf 0.11.2 wheel in {Path(sys.prefix) / 'wheels'} (kept there by `make install`)")
+    return wheels[0]
+
+
+@pytest.fixture(scope="module")
+def pristine_zip() -> dict[str, bytes]:
+    with zipfile.ZipFile(_wheel()) as z:
+        files = {
+            n[len(PACKAGE_PREFIX) :]: z.read(n)
+            for n in z.namelist()
+            if n.startswith(PACKAGE_PREFIX + "openrlhf/") and not n.endswith("/")
+        }
+    assert "openrlhf/trainer/ppo_utils/experience_maker.py" in files
+    return files
+
+
+@pytest.fixture
+def root(tmp_path: Path, pristine_zip: dict[str, bytes]) -> Path:
+    for rel, data in pristine_zip.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return tmp_path
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((root / "openrlhf").rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def _touched() -> list[str]:
+    return sorted(patching._touched_files(patching.patch_files()))
+
+
+def test_apply_is_idempotent_and_revert_restores_pristine(root: Path, capsys: pytest.CaptureFixture) -> None:
+    names = [p.name for p in patching.patch_files()]
+    assert len(names) >= 6 and names == sorted(names)
+    pristine = _snapshot(root)
+
+    assert [s.state for s in patching.status(root)] == ["pending"] * len(names)
+    assert patching.main("check", str(root)) == 1
+    assert capsys.readouterr().out.count("pending") == len(names)
+
+    assert patching.apply(root) == names
+    assert [s.state for s in patching.status(root)] == ["applied"] * len(names)
+    assert patching.main("check", str(root)) == 0
+    assert capsys.readouterr().out.count("applied") == len(names)
+
+    # the result is byte-identical to the installed (patched) package, for every file a patch touches
+    installed = patching.installed_root()
+    touched = _touched()
+    assert "openrlhf/trainer/ppo_utils/experience_maker.py" in touched
+    for rel in touched:
+        assert (root / rel).read_bytes() == (installed / rel).read_bytes(), rel
+    patched = _snapshot(root)
+    assert {rel for rel in pristine if patched[rel] != pristine[rel]} == set(touched)
+
+    assert patching.apply(root) == []  # idempotent: nothing left to do, nothing changed
+    assert _snapshot(root) == patched
+
+    assert patching.revert(root) == names
+    assert _snapshot(root) == pristine
+    assert patching.revert(root) == []
+    assert [s.state for s in patching.status(root)] == ["pending"] * len(names)
+
+
+def _first_removed_line(patch: Path) -> tuple[str, str] | None:
+    """(file, text) of the first line a patch removes (None for a patch that only adds)."""
+    current = ""
+    diff = "diff --git " + patch.read_text().split("\ndiff --git ", 1)[1]
+    for line in diff.splitlines():
+        if line.startswith("--- a/"):
+            current = line[len("--- a/") :].split("\t")[0]
+        elif line.startswith("-") and not line.startswith("---") and line[1:].strip():
+            return current, line[1:]
+    return None
+
+
+@pytest.mark.parametrize("which", [0, -1])
+def test_conflict_raises_and_changes_no_file(root: Path, which: int) -> None:
+    patch = [p for p in patching.patch_files() if _first_removed_line(p)][which]
+    rel, line = _first_removed_line(patch)
+    path = root / rel
+    text = path.read_text()
+    assert line in text
+    path.write_text(text.replace(line, line + "  # edited by hand", 1))
+    before = _snapshot(root)
+
+    states = {s.name: s.state for s in patching.status(root)}
+    assert states[patch.name] == "conflict"
+    assert [n for n, s in states.items() if s == "conflict"] == [patch.name]
+
+    with pytest.raises(patching.PatchError, match=re.escape(patch.name)) as err:
+        patching.apply(root)
+    assert "nothing was changed" in str(err.value)
+    assert _snapshot(root) == before
+    assert patching.main("check", str(root)) == 1
+
+
+def test_conflict_on_a_partly_patched_tree_is_all_or_nothing(root: Path) -> None:
+    patching.apply(root)
+    rel, _ = _first_removed_line(patching.patch_files()[0])
+    # after apply, the removed line is gone; break a line the patch *adds* instead
+    path = root / rel
+    added = next(
+        ln[1:]
+        for ln in patching.patch_files()[0].read_text().splitlines()
+        if ln.startswith("+") and not ln.startswith("+++") and ln[1:].strip() and ln[1:] in path.read_text()
+    )
+    path.write_text(path.read_text().replace(added, added + "  # drift", 1))
+    before = _snapshot(root)
+    with pytest.raises(patching.PatchError):
+        patching.revert(root)
+    assert _snapshot(root) == before
+
+
+def test_installed_root_checks_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = patching.installed_root()
+    assert (root / "openrlhf" / "__init__.py").is_file()
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.11.3")
+    with pytest.raises(patching.PatchError, match=r"installed openrlhf is 0\.11\.3.*patches are for 0\.11\.2"):
+        patching.installed_root()
+    with pytest.raises(patching.PatchError, match="0.11.3"):
+        patching.main("check")
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    with pytest.raises(patching.PatchError, match="not installed"):
+        patching.installed_root()
+
+
+def test_installed_package_is_fully_patched() -> None:
+    states = {s.name: s.state for s in patching.status(patching.installed_root())}
+    assert set(states.values()) == {"applied"}, states
+
+
+def test_no_patches_found(tmp_path: Path) -> None:
+    with pytest.raises(patching.PatchError, match="no patches found"):
+        patching.patch_files(tmp_path)
+
+
+@pytest.mark.parametrize("patch", patching.patch_files(), ids=lambda p: p.name)
+def test_each_patch_has_a_what_why_tested_header(patch: Path) -> None:
+    text = patch.read_text()
+    assert "diff --git " in text
+    header = text.split("diff --git ", 1)[0]
+    assert re.match(r"Subject: \[PATCH \d+/\d+\] \S", header), header[:80]
+    for key in ("What:", "Why:", "Tested:"):
+        lines = [ln for ln in header.splitlines() if ln.startswith(key)]
+        assert len(lines) == 1, f"{patch.name}: expected one '{key}' line"
+        assert len(lines[0]) > len(key) + 10, f"{patch.name}: '{key}' line is empty"
