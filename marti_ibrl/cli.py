@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     patch.set_defaults(func=_cmd_patch)
 
     demo = sub.add_parser("demo", help="the embedded CPU default: tiny model, SFT warm start, IB-RL on DoND")
+    demo.add_argument("--config", default="recipes/dond/tiny-cpu.yaml", help="IB-RL recipe (YAML)")
     demo.add_argument("--out", default="runs/demo", help="output directory")
     demo.add_argument("--iterations", type=int, default=None, help="IB-RL iterations (default: the recipe's)")
     demo.set_defaults(func=_cmd_demo)
