@@ -59,7 +59,7 @@ def _fake_engine_class():
             self.batch_sizes = []
             self.seen = {}  # prompt -> how often it was asked for
 
-        def generate_batch(self, prompts, sampling):
+        def generate_batch(self, prompts, sampling, session_ids=None):
             assert sampling["max_new_tokens"] == 16
             self.batch_sizes.append(len(prompts))
             out = []

@@ -2,8 +2,10 @@
 
 Protocol (Ray actor methods)::
 
-    generate_batch(prompts: list[list[int]], sampling: dict) -> list[dict]
+    generate_batch(prompts: list[list[int]], sampling: dict, session_ids: list[str] | None = None) -> list[dict]
         # each result: {"token_ids": [...], "logprobs": [...], "finish_reason": "stop" | "length"}
+        # session_ids: one per prompt (a dialogue's id): a prompt extending the session's previous prompt +
+        # generation reuses its KV cache (prefix caching; vLLM does it by content and ignores them).
         # sampling: {"temperature", "top_p", "max_new_tokens"}; logprobs are log π(w) of the
         # temperature-scaled policy, the same quantity OpenRLHF's Actor computes for training.
     update_weights_from_state_dict(state_dict)   # weight sync (OpenRLHF patch 0002, object store)
@@ -18,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import OrderedDict
 
 import ray
 import torch
+from transformers import DynamicCache
 
 
 class HFGenerateEngine:
@@ -30,7 +34,7 @@ class HFGenerateEngine:
     ``seed`` and ignores the vLLM-only ones.
     """
 
-    def __init__(self, model: str, seed: int = 0, **_vllm_kwargs):
+    def __init__(self, model: str, seed: int = 0, max_sessions: int = 4096, **_vllm_kwargs):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(seed)
@@ -39,22 +43,75 @@ class HFGenerateEngine:
         self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
-        self.generator = torch.Generator().manual_seed(seed)
+        # Prefix cache per dialogue (vLLM's prefix caching, done by session): session id -> (token ids the
+        # KV covers, per-layer (K, V) of shape (heads, len, dim)). Cleared whenever the weights change.
+        self.sessions: OrderedDict[str, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = OrderedDict()
+        self.max_sessions = max_sessions
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0}
 
-    @torch.no_grad()
-    def generate_batch(self, prompts: list[list[int]], sampling: dict) -> list[dict]:
-        if not prompts:
-            return []
-        width = max(len(p) for p in prompts)
+    def _cached_len(self, prompt: list[int], sid: str | None) -> int:
+        """How many leading tokens of ``prompt`` the session's cache covers (0 without a usable cache)."""
+        if sid is None or sid not in self.sessions:
+            return 0
+        tokens = self.sessions[sid][0]
+        return len(tokens) if len(tokens) < len(prompt) and prompt[: len(tokens)] == tokens else 0
+
+    def _batch(self, prompts: list[list[int]], session_ids: list[str | None]):
+        """Left-padded inputs plus a batch KV cache for the prefix every row has cached.
+
+        Rows are right-aligned; the last ``S`` columns (S = the longest uncached suffix) are computed, the
+        columns before come from each row's session cache, left-padded with masked holes.
+        """
+        cached = [self._cached_len(p, sid) for p, sid in zip(prompts, session_ids)]
+        suffix = max(len(p) - c for p, c in zip(prompts, cached))
+        use = [max(0, len(p) - suffix) for p in prompts]  # cached tokens each row actually reuses
+        past = max(use)
+        width = past + suffix
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
+        for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             attn[i, width - len(p) :] = 1
+        self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.stats["cached_tokens"] += sum(use)
+        if past == 0:
+            return ids, attn, None
+        layers = []
+        ref = next(kv for sid, u in zip(session_ids, use) if u for kv in [self.sessions[sid][1]])
+        for layer, (k0, v0) in enumerate(ref):
+            k = k0.new_zeros((len(prompts), k0.shape[0], past, k0.shape[2]))
+            v = v0.new_zeros((len(prompts), v0.shape[0], past, v0.shape[2]))
+            for i, (sid, u) in enumerate(zip(session_ids, use)):
+                if u:
+                    ks, vs = self.sessions[sid][1][layer]
+                    k[i, :, past - u :], v[i, :, past - u :] = ks[:, :u], vs[:, :u]
+            layers.append((k, v))
+        return ids, attn, DynamicCache(ddp_cache_data=layers)
+
+    def _store(self, sessions, prompts, outputs, cache, width: int) -> None:
+        """Keep each session's KV for prompt + generated tokens (all but the last, which was never fed)."""
+        for i, (sid, p, new) in enumerate(zip(sessions, prompts, outputs)):
+            if sid is None:
+                continue
+            n = len(p) + len(new) - 1
+            lo = width - len(p)
+            kv = [(k[i, :, lo : lo + n].clone(), v[i, :, lo : lo + n].clone()) for k, v, *_ in cache]
+            self.sessions[sid] = (list(p) + list(new[:-1]), kv)
+            self.sessions.move_to_end(sid)
+        while len(self.sessions) > self.max_sessions:
+            self.sessions.popitem(last=False)
+
+    @torch.no_grad()
+    def generate_batch(self, prompts: list[list[int]], sampling: dict, session_ids: list | None = None) -> list[dict]:
+        if not prompts:
+            return []
+        session_ids = list(session_ids) if session_ids is not None else [None] * len(prompts)
+        ids, attn, cache = self._batch(prompts, session_ids)
         temperature = float(sampling.get("temperature", 1.0))
         out = self.model.generate(
             input_ids=ids,
             attention_mask=attn,
+            past_key_values=cache,
             do_sample=True,
             temperature=temperature,
             top_p=float(sampling.get("top_p", 1.0)),
@@ -65,6 +122,7 @@ class HFGenerateEngine:
             output_logits=True,
             return_dict_in_generate=True,
         )
+        width = ids.shape[1]
         new = out.sequences[:, width:]
         # log π(w): the raw logits at temperature, as OpenRLHF's Actor scores them (no top-p warping)
         logits = torch.stack(out.logits, dim=1).float() / temperature
@@ -72,13 +130,15 @@ class HFGenerateEngine:
         results = []
         for row, lp in zip(new.tolist(), logprobs.tolist()):
             n = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
-            finished = n <= len(row) and self.eos_id in row[:n]
+            finished = self.eos_id in row[:n]
             results.append(
                 {"token_ids": row[:n], "logprobs": lp[:n], "finish_reason": "stop" if finished else "length"}
             )
+        self._store(session_ids, prompts, [r["token_ids"] for r in results], out.past_key_values, width)
         return results
 
     def update_weights_from_state_dict(self, state_dict: dict) -> None:
+        self.sessions.clear()  # cached KV was computed with the old weights
         self.model.load_state_dict({k: v.float() for k, v in state_dict.items()}, strict=False)
 
     def weights_digest(self) -> str:
@@ -116,7 +176,7 @@ def vllm_engine_class():
     base = RolloutRayActor.__ray_actor_class__
 
     class VLLMRolloutEngine(base):
-        async def generate_batch(self, prompts: list[list[int]], sampling: dict) -> list[dict]:
+        async def generate_batch(self, prompts: list[list[int]], sampling: dict, session_ids=None) -> list[dict]:
             from vllm import SamplingParams
 
             params = SamplingParams(

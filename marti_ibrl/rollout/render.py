@@ -80,6 +80,7 @@ class RoleView:
         self.has_logprobs = True
         self.fallbacks = 0
         self._special_ids = {int(i) for i in tokenizer.all_special_ids}
+        self._header: tuple[int, list[int]] | None = None  # (len(messages), assistant header ids) memo
         self._text = self._render(self.messages, False)  # render of self.messages, without generation prompt
         self._extend(self._encode(self._text), action=False)
 
@@ -97,7 +98,9 @@ class RoleView:
 
     def generation_prompt(self) -> list[int]:
         """``ids`` followed by the assistant header tokens: the prompt for this role's next turn (no mutation)."""
-        return self.ids + self._encode(self._generation_header())
+        if self._header is None or self._header[0] != len(self.messages):  # memo: one render per new message
+            self._header = (len(self.messages), self._encode(self._generation_header()))
+        return self.ids + self._header[1]
 
     def add_own(self, token_ids: Sequence[int], logprobs: Sequence[float] | None, finished: bool) -> str:
         """Append an own turn: header (no action), the generated ids verbatim (action), template closing (no action).

@@ -16,9 +16,10 @@ fit a role's context (``max_len``) ends without a deal (``context_limit``).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -45,6 +46,7 @@ class _Live:
     traj: Trajectory
     speaker: str = ""
     attempts: int = 0
+    session: str = field(default_factory=lambda: uuid.uuid4().hex)  # the engines' prefix-cache key
 
 
 def seats_for(roles: Sequence[str], scenario_index: int, sample_index: int) -> list[str]:
@@ -126,14 +128,16 @@ class DialogueRunner:
         batches = {}
         for role, items in by_role.items():
             engines = policies[role].engines
-            prompts = [item.traj.views[role].generation_prompt() for item in items]
-            size = -(-len(prompts) // len(engines))
-            refs = [
-                engine.generate_batch.remote(prompts[i * size : (i + 1) * size], self.sampling)
-                for i, engine in enumerate(engines)
-                if prompts[i * size : (i + 1) * size]
-            ]
-            batches[role] = (items, refs)
+            # a dialogue always goes to the same engine (its prefix cache lives there)
+            shards: dict[int, list[_Live]] = {}
+            for item in items:
+                shards.setdefault(int(item.session, 16) % len(engines), []).append(item)
+            ordered, refs = [], []
+            for e, shard in sorted(shards.items()):
+                prompts = [item.traj.views[role].generation_prompt() for item in shard]
+                refs.append(engines[e].generate_batch.remote(prompts, self.sampling, [i.session for i in shard]))
+                ordered += shard
+            batches[role] = (ordered, refs)
         return batches
 
     def _apply(self, item: _Live, role: str, out: dict) -> bool:

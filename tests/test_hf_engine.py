@@ -1,0 +1,72 @@
+"""The HF-generate rollout engine: batched sampling, rollout log-probs, per-dialogue prefix cache."""
+
+import pytest
+import torch
+
+from marti_ibrl.envs.dond import DondEnv, generate_scenarios, role_prompt
+from marti_ibrl.rollout.engines import HFGenerateEngine
+from marti_ibrl.rollout.render import RoleView
+from marti_ibrl.tiny import build_tiny_model, dond_corpus
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 12}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    extra = [role_prompt(s, i, "compact") for s in generate_scenarios(20, 0) for i in (0, 1)]
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny"), dond_corpus(extra))
+    return HFGenerateEngine(path, seed=0)
+
+
+def _forward_logprobs(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
+
+
+def test_multi_turn_sessions_reuse_cache_and_logprobs_match_a_full_forward(engine):
+    env = DondEnv(prompt_style="compact")
+    scenarios = generate_scenarios(5, 3)
+    views = [RoleView(engine.tokenizer, env.system_prompt(s, "agent1")) for s in scenarios]
+    sessions = [f"d{i}" for i in range(len(views))]
+    engine.sessions.clear()
+    engine.stats.update(prompt_tokens=0, cached_tokens=0)
+    for turn in range(3):
+        # a new dialogue joins at turn 1: a batch mixing cached and uncached rows
+        active = list(range(4)) if turn == 0 else list(range(5))
+        before = dict(engine.stats)
+        outs = engine.generate_batch(
+            [views[i].generation_prompt() for i in active], SAMPLING, [sessions[i] for i in active]
+        )
+        for i, out in zip(active, outs, strict=True):
+            assert 1 <= len(out["token_ids"]) <= SAMPLING["max_new_tokens"]
+            assert out["finish_reason"] == ("stop" if out["token_ids"][-1] == engine.eos_id else "length")
+            views[i].add_own(out["token_ids"], out["logprobs"], finished=out["finish_reason"] == "stop")
+            views[i].add_counterpart(f"counter offer {turn} <try> item0=1 item1=0 item2=1 <try>")
+    # the last turn: every dialogue extends its session, so most of each prompt comes from the cache
+    cached = engine.stats["cached_tokens"] - before["cached_tokens"]
+    total = engine.stats["prompt_tokens"] - before["prompt_tokens"]
+    assert cached / total > 0.7, (cached, total)
+    for view in views:
+        ref = _forward_logprobs(engine.model, view.ids)
+        got = torch.tensor(view.logprobs[1:])
+        mask = view.action_mask()[1:]
+        assert mask.sum() > 0
+        assert torch.allclose(got[mask], ref[mask], atol=1e-4), (got[mask] - ref[mask]).abs().max()
+
+
+def test_weight_update_clears_the_cache(engine):
+    view = RoleView(engine.tokenizer, "system")
+    engine.generate_batch([view.generation_prompt()], SAMPLING, ["s"])
+    assert "s" in engine.sessions
+    engine.update_weights_from_state_dict({k: v.clone() for k, v in engine.model.state_dict().items()})
+    assert not engine.sessions
+
+
+def test_prompt_that_does_not_extend_the_session_is_recomputed(engine):
+    engine.sessions.clear()
+    a = RoleView(engine.tokenizer, "first system prompt").generation_prompt()
+    b = RoleView(engine.tokenizer, "another system prompt").generation_prompt()
+    engine.generate_batch([a], SAMPLING, ["x"])
+    assert engine._cached_len(b, "x") == 0
+    assert engine._cached_len(a + [5, 6], "x") in (0, len(engine.sessions["x"][0]))
