@@ -141,6 +141,8 @@ class RayConfig:
     """Ray cluster address (``auto`` on Slurm); empty: start a local Ray."""
     num_cpus: int | None = None
     """Local Ray only: CPU slots (default: enough for every actor)."""
+    log_to_driver: bool = True
+    """Stream actor/engine logs to the console; when false they stay in Ray's session log directory."""
 
 
 @dataclass

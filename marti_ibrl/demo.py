@@ -10,10 +10,12 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
+from tqdm import tqdm
 
 from marti_ibrl.config import EnvConfig, load_config
 
@@ -44,7 +46,17 @@ def prepare(out: Path, prompt_style: str, seed: int = 0) -> str:
     data = write_sft_data(out / "sft_data.jsonl", records)
     _step(f"{len(records)} SFT records from scripted negotiators -> {data}")
     t0 = time.perf_counter()
-    run_sft(tiny, data, str(sft_dir), seed=seed, progress=lambda line: _step(f"sft {line}"), **cfg)
+    with tqdm(desc="SFT (OpenRLHF)", unit="micro-batch") as bar:
+
+        def progress(line: str) -> None:
+            if m := re.search(r"(\d+)/(\d+)", line):
+                bar.total = int(m.group(2))
+                bar.n = int(m.group(1))
+                bar.refresh()
+            else:
+                bar.write(f"[demo] {line}")
+
+        run_sft(tiny, data, str(sft_dir), seed=seed, progress=progress, **cfg)
     _step(f"SFT done in {time.perf_counter() - t0:.0f}s")
     check = generate_scenarios(32, seed + 2)
     before = protocol_validity(tiny, env, check, n_turns=2, seed=seed)

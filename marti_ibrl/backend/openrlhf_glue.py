@@ -11,7 +11,6 @@ logical "GPU" slots standing for devices) and on GPUs (NCCL, vLLM).
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -166,8 +165,12 @@ def init_ray(cfg: Config, device: str) -> None:
     if ray.is_initialized():
         return
     env_vars = {"TOKENIZERS_PARALLELISM": "false", "NCCL_CUMEM_ENABLE": "0"}
+    if not cfg.ray.log_to_driver:
+        import logging
+
+        logging.getLogger("openrlhf").setLevel(logging.WARNING)  # the driver's per-step INFO lines
     if cfg.ray.address:
-        ray.init(address=cfg.ray.address, runtime_env={"env_vars": env_vars})
+        ray.init(address=cfg.ray.address, runtime_env={"env_vars": env_vars}, log_to_driver=cfg.ray.log_to_driver)
         return
     slots = device_slots(cfg)
     if device == "cpu":
@@ -180,9 +183,15 @@ def init_ray(cfg: Config, device: str) -> None:
             include_dashboard=False,
             runtime_env={"env_vars": env_vars},
             logging_level="ERROR",
+            log_to_driver=cfg.ray.log_to_driver,
         )
     else:
-        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, runtime_env={"env_vars": env_vars})
+        ray.init(
+            num_cpus=cfg.ray.num_cpus,
+            include_dashboard=False,
+            runtime_env={"env_vars": env_vars},
+            log_to_driver=cfg.ray.log_to_driver,
+        )
 
 
 @dataclass
@@ -260,7 +269,3 @@ class RoleStack:
 
     def engine_digests(self) -> list[str]:
         return ray.get([e.weights_digest.remote() for e in self.engines])
-
-
-def run_dir_ready(path: str) -> None:
-    os.makedirs(path, exist_ok=True)
