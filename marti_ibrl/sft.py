@@ -197,38 +197,22 @@ def run_sft(
     data: str,
     out_dir: str,
     *,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    micro_batch_size: int,
-    max_len: int,
-    zero_stage: int = 2,
-    seed: int = 42,
     log_file: str | None = None,
     progress: Callable[[str], None] | None = None,
     extra_args: Sequence[str] = (),
+    **hparams: Any,
 ) -> str:
     """Fine-tune ``pretrain`` on the JSONL ``data`` with OpenRLHF's SFT CLI (one rank); returns ``out_dir``.
 
-    The whole output goes to ``log_file`` (default ``out_dir/sft.log``); ``progress`` (e.g. ``print``) gets one
+    ``hparams`` are :func:`sft_command`'s keywords (epochs, lr, batch_size, micro_batch_size, max_len, zero_stage,
+    seed). The whole output goes to ``log_file`` (default ``out_dir/sft.log``); ``progress`` (e.g. ``print``) gets one
     line per optimizer step; ``extra_args`` are appended to the CLI (e.g. ``["--lr_scheduler", "constant"]``).
     Raises ``RuntimeError`` with the log's tail if the trainer fails. The HF checkpoint in ``out_dir`` includes the
     tokenizer and its chat template; the per-step losses are in :func:`sft_loss_curve`.
     """
     os.makedirs(out_dir, exist_ok=True)
     log_path = log_file or os.path.join(out_dir, "sft.log")
-    cmd = sft_command(
-        pretrain,
-        data,
-        out_dir,
-        epochs=epochs,
-        lr=lr,
-        batch_size=batch_size,
-        micro_batch_size=micro_batch_size,
-        max_len=max_len,
-        zero_stage=zero_stage,
-        seed=seed,
-    ) + list(extra_args)
+    cmd = sft_command(pretrain, data, out_dir, **hparams) + list(extra_args)
     env = dict(os.environ)
     env.update(
         RANK="0",
@@ -241,7 +225,7 @@ def run_sft(
         TOKENIZERS_PARALLELISM="false",
         WANDB_MODE="disabled",
     )
-    accumulation = max(batch_size // micro_batch_size, 1)
+    accumulation = max(hparams["batch_size"] // hparams["micro_batch_size"], 1)
     tail: deque[str] = deque(maxlen=40)
     start = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
