@@ -107,7 +107,7 @@ class TrainConfig:
 class DsConfig:
     zero_stage: int = 2
     param_dtype: str = "bf16"
-    """``bf16`` or ``fp32`` (``auto`` picks fp32 on CPU)."""
+    """``bf16`` or ``fp16`` (DeepSpeed keeps fp32 master weights; bf16 also on CPU)."""
     attn_implementation: str = "auto"
     """``auto``: flash_attention_2 when installed on GPU, else sdpa."""
     gradient_checkpointing: bool = False
@@ -275,7 +275,7 @@ def validate(cfg: Config) -> None:
     need(cfg.train.max_epochs >= 1, "train.max_epochs", "must be >= 1")
     need(cfg.train.device in ("auto", "cpu", "cuda"), "train.device", "must be auto, cpu or cuda")
     need(cfg.ds.zero_stage in (0, 1, 2, 3), "ds.zero_stage", "must be 0, 1, 2 or 3")
-    need(cfg.ds.param_dtype in ("bf16", "fp32", "auto"), "ds.param_dtype", "must be bf16, fp32 or auto")
+    need(cfg.ds.param_dtype in ("bf16", "fp16"), "ds.param_dtype", "must be bf16 or fp16 (OpenRLHF's choices)")
     need(cfg.ckpt.save_steps == -1 or cfg.ckpt.save_steps >= 1, "ckpt.save_steps", "must be -1 or >= 1")
     names = [r.name for r in cfg.roles]
     need(len(set(names)) == len(names), "roles", f"role names must be unique, got {names}")
