@@ -32,6 +32,9 @@ $(STAMP): setup.py requirements/openrlhf-cpu.txt $(wildcard patches/openrlhf/*.p
 	$(PIP) install -q --no-deps --force-reinstall $(WHEELS)/openrlhf-$(OPENRLHF_VERSION)-*.whl
 	$(PIP) install -q -e ".[dev]"
 	$(VENV)/bin/marti-ibrl patch apply
+	# build DeepSpeed's CPU communication op once, into this venv (marti_ibrl/procenv.py)
+	TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(PY) -c "from deepspeed.accelerator import \
+		get_accelerator as a; b = a().create_op_builder('ShareMemCommBuilder'); b and b.load()"
 	touch $(STAMP)
 
 lint: install

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from marti_ibrl.envs.dond import DondEnv, DondScenario, make_bot, parse_utterance, play_dialogue
+from marti_ibrl.procenv import child_env_vars
 
 Record = dict[str, Any]
 
@@ -215,6 +216,7 @@ def run_sft(
     cmd = sft_command(pretrain, data, out_dir, **hparams) + list(extra_args)
     env = dict(os.environ)
     env.update(
+        child_env_vars(),
         RANK="0",
         LOCAL_RANK="0",
         WORLD_SIZE="1",

@@ -26,6 +26,7 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.algorithm.schedule import num_updates
 from marti_ibrl.config import Config, RoleConfig
+from marti_ibrl.procenv import child_env_vars
 from marti_ibrl.rollout.engines import create_engines
 
 
@@ -164,7 +165,7 @@ def init_ray(cfg: Config, device: str) -> None:
     """Connect to a cluster (``ray.address``) or start a local Ray; on CPU, declare one logical device per slot."""
     if ray.is_initialized():
         return
-    env_vars = {"TOKENIZERS_PARALLELISM": "false", "NCCL_CUMEM_ENABLE": "0"}
+    env_vars = {**child_env_vars(), "NCCL_CUMEM_ENABLE": "0"}
     if not cfg.ray.log_to_driver:
         import logging
 
