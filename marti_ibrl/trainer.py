@@ -122,7 +122,7 @@ class IBRLTrainer:
         with timer("sample"):
             scenarios = self.sampler.next_batch(cfg.rollout.batch_size)
         with timer("rollout"):  # shared trajectories; per-role rewards R_i(τ) scored as dialogues finish
-            trajectories = self.runner.run(scenarios, cfg.rollout.n_samples_per_prompt, self.policies())
+            trajectories = self.runner.run(scenarios, cfg.rollout.n_samples_per_prompt, self.policies(), progress=True)
         due = roles_due(k, {r.name: r.update_every for r in cfg.roles})  # u_i(k), §4.2
         with timer("experience"), ThreadPoolExecutor(max(1, len(due))) as pool:  # per-role masks m_i + Eq. 4
             samples = {r: role_samples(trajectories, r, cfg.rollout.max_len) for r in due}

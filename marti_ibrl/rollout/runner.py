@@ -44,7 +44,6 @@ class Policy:
 @dataclass
 class _Live:
     traj: Trajectory
-    speaker: str = ""
     attempts: int = 0
     session: str = field(default_factory=lambda: uuid.uuid4().hex)  # the engines' prefix-cache key
 
@@ -123,8 +122,7 @@ class DialogueRunner:
         """Group live dialogues by speaker and send every group to its engines, all in flight together."""
         by_role: dict[str, list[_Live]] = {}
         for item in live:
-            item.speaker = self.env.current_role(item.traj.state)
-            by_role.setdefault(item.speaker, []).append(item)
+            by_role.setdefault(self.env.current_role(item.traj.state), []).append(item)
         batches = {}
         for role, items in by_role.items():
             engines = policies[role].engines
