@@ -169,7 +169,9 @@ def init_ray(cfg: Config, device: str) -> None:
     if not cfg.ray.log_to_driver:
         import logging
 
-        logging.getLogger("openrlhf").setLevel(logging.WARNING)  # the driver's per-step INFO lines
+        for name in list(logging.root.manager.loggerDict):  # OpenRLHF's per-step INFO lines in the driver
+            if name.split(".")[0] == "openrlhf":
+                logging.getLogger(name).setLevel(logging.WARNING)
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, runtime_env={"env_vars": env_vars}, log_to_driver=cfg.ray.log_to_driver)
         return
