@@ -10,7 +10,6 @@ logical "GPU" slots standing for devices) and on GPUs (NCCL, vLLM).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,7 +26,7 @@ from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.algorithm.schedule import num_updates
 from marti_ibrl.config import Config, RoleConfig
 from marti_ibrl.procenv import child_env_vars
-from marti_ibrl.rollout.engines import create_engines
+from marti_ibrl.rollout.engines import create_engines, params_digest
 
 
 class IsolatedActorPPOTrainer(ActorPPOTrainer):
@@ -54,17 +53,14 @@ class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
         """sha256 over the (gathered) parameters, identical on every rank; for tests and logs."""
         import deepspeed
 
-        h = hashlib.sha256()
-        model = self.actor.model.module
-        for name, p in model.named_parameters():
-            with deepspeed.zero.GatheredParameters([p], enabled=self.strategy.args.ds.zero_stage == 3):
-                h.update(name.encode())
-                h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()
+        zero3 = self.strategy.args.ds.zero_stage == 3
 
-    def optimizer_steps(self) -> int:
-        """How many optimizer steps this actor has taken (its LR scheduler's step count)."""
-        return int(self.actor_scheduler.last_epoch)
+        def gathered():
+            for name, p in self.actor.model.module.named_parameters():
+                with deepspeed.zero.GatheredParameters([p], enabled=zero3):
+                    yield name, p
+
+        return params_digest(gathered())
 
 
 RolePolicyActor = ray.remote(num_gpus=1)(RolePolicyActorBase)
@@ -175,26 +171,19 @@ def init_ray(cfg: Config, device: str) -> None:
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, runtime_env={"env_vars": env_vars}, log_to_driver=cfg.ray.log_to_driver)
         return
-    slots = device_slots(cfg)
+    kwargs = {"num_cpus": cfg.ray.num_cpus}
     if device == "cpu":
         # Each "GPU" is a scheduling slot for one actor or engine process: the placement code is the
         # GPU code, unchanged. Processes share the cores, one thread each.
+        slots = device_slots(cfg)
         env_vars["OMP_NUM_THREADS"] = "1"
-        ray.init(
-            num_cpus=cfg.ray.num_cpus or slots + 2,
-            num_gpus=slots,
-            include_dashboard=False,
-            runtime_env={"env_vars": env_vars},
-            logging_level="ERROR",
-            log_to_driver=cfg.ray.log_to_driver,
-        )
-    else:
-        ray.init(
-            num_cpus=cfg.ray.num_cpus,
-            include_dashboard=False,
-            runtime_env={"env_vars": env_vars},
-            log_to_driver=cfg.ray.log_to_driver,
-        )
+        kwargs = {"num_cpus": cfg.ray.num_cpus or slots + 2, "num_gpus": slots, "logging_level": "ERROR"}
+    ray.init(
+        include_dashboard=False,
+        runtime_env={"env_vars": env_vars},
+        log_to_driver=cfg.ray.log_to_driver,
+        **kwargs,
+    )
 
 
 @dataclass
@@ -263,9 +252,6 @@ class RoleStack:
 
     def save_hf_async(self) -> list:
         return self.actor.async_save_model()
-
-    def checkpoint_states(self) -> dict:
-        return ray.get(self.actor.async_run_method(method_name="get_checkpoint_states"))[0]
 
     def weights_digest(self) -> str:
         return ray.get(self.actor.async_run_method(method_name="weights_digest"))[0]

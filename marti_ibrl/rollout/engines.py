@@ -27,6 +27,15 @@ import torch
 from transformers import DynamicCache
 
 
+def params_digest(named_params) -> str:
+    """sha256 over (name, fp32 value) pairs: equal digests mean equal weights, across processes and dtypes."""
+    h = hashlib.sha256()
+    for name, p in named_params:
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 class HFGenerateEngine:
     """An HF-``generate`` rollout engine (Ray actor) standing in for vLLM where vLLM cannot run.
 
@@ -143,11 +152,7 @@ class HFGenerateEngine:
 
     def weights_digest(self) -> str:
         """sha256 over the engine's parameters (tests: which weights does the engine hold?)."""
-        h = hashlib.sha256()
-        for name, p in self.model.named_parameters():  # same order and names as the trainer's model
-            h.update(name.encode())
-            h.update(p.detach().float().contiguous().numpy().tobytes())
-        return h.hexdigest()
+        return params_digest(self.model.named_parameters())  # same order and names as the trainer's model
 
     # --- the rest of the vLLM-engine surface OpenRLHF calls; nothing to do for HF generate ---
     def init_process_group(self, *args, **kwargs):
