@@ -16,11 +16,11 @@ import time
 import ray
 from transformers import AutoTokenizer
 
-from marti_ibrl.envs.dond import DondEnv, generate_scenarios, role_prompt
+from marti_ibrl.envs.dond import DondEnv, generate_scenarios
 from marti_ibrl.rewards import env_reward
 from marti_ibrl.rollout.engines import HFGenerateEngineActor
 from marti_ibrl.rollout.runner import DialogueRunner, Policy
-from marti_ibrl.tiny import build_tiny_model, dond_corpus
+from marti_ibrl.tiny import build_tiny_dond_model
 
 
 def tokens(trajectories) -> int:
@@ -35,8 +35,7 @@ def main() -> None:
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        extra = [role_prompt(s, i, "compact") for s in generate_scenarios(20, 0) for i in (0, 1)]
-        model = build_tiny_model(tmp, dond_corpus(extra))
+        model = build_tiny_dond_model(tmp)
         ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
         env = DondEnv(max_rounds=args.max_rounds, prompt_style="compact")
         tok = AutoTokenizer.from_pretrained(model)

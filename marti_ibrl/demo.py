@@ -26,17 +26,16 @@ def _step(msg: str) -> None:
 
 def prepare(out: Path, prompt_style: str, seed: int = 0) -> str:
     """Steps 1-2: the tiny model and its SFT warm start; returns the SFT checkpoint directory."""
-    from marti_ibrl.envs.dond import TRAINING_BOTS, DondEnv, generate_scenarios, role_prompt
+    from marti_ibrl.envs.dond import TRAINING_BOTS, DondEnv, generate_scenarios
     from marti_ibrl.sft import DEMO_SFT, DEMO_TINY_MODEL, protocol_validity, run_sft, sft_records, write_sft_data
-    from marti_ibrl.tiny import build_tiny_model, dond_corpus
+    from marti_ibrl.tiny import build_tiny_dond_model
 
     sft_dir = out / "sft"
     if (sft_dir / "model.safetensors").exists():
         _step(f"reusing the SFT warm start in {sft_dir}")
         return str(sft_dir)
     t0 = time.perf_counter()
-    extra = [role_prompt(s, i, prompt_style) for s in generate_scenarios(64, seed) for i in (0, 1)]
-    tiny = build_tiny_model(out / "tiny", dond_corpus(extra), seed=seed, **DEMO_TINY_MODEL)
+    tiny = build_tiny_dond_model(out / "tiny", prompt_style=prompt_style, n_scenarios=64, seed=seed, **DEMO_TINY_MODEL)
     _step(f"tiny model + tokenizer built in {time.perf_counter() - t0:.1f}s: {tiny}")
 
     env = DondEnv(prompt_style=prompt_style)

@@ -166,3 +166,14 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def build_tiny_dond_model(
+    out_dir: str | os.PathLike[str], *, prompt_style: str = "compact", n_scenarios: int = 20, seed: int = 0, **model
+) -> str:
+    """:func:`build_tiny_model` for DoND: the tokenizer also learns both roles' system prompts of ``n_scenarios``
+    generated scenarios (``seed``), so prompts tokenize compactly. ``model``: build_tiny_model's keywords."""
+    from marti_ibrl.envs.dond import generate_scenarios, role_prompt
+
+    prompts = [role_prompt(s, i, prompt_style) for s in generate_scenarios(n_scenarios, seed) for i in (0, 1)]
+    return build_tiny_model(out_dir, dond_corpus(prompts), seed=seed, **model)

@@ -37,13 +37,11 @@ def run(tmp_path_factory):
     import ray
 
     from marti_ibrl.config import load_config
-    from marti_ibrl.envs.dond import generate_scenarios, role_prompt
-    from marti_ibrl.tiny import build_tiny_model, dond_corpus
+    from marti_ibrl.tiny import build_tiny_dond_model
     from marti_ibrl.trainer import IBRLTrainer
 
     tmp = tmp_path_factory.mktemp("e2e")
-    extra = [role_prompt(s, i, "compact") for s in generate_scenarios(20, 0) for i in (0, 1)]
-    model = build_tiny_model(tmp / "tiny", dond_corpus(extra))
+    model = build_tiny_dond_model(tmp / "tiny")
     cfg = load_config(
         [
             *("--role1.pretrain", model, "--role2.pretrain", model),

@@ -3,18 +3,17 @@
 import pytest
 import torch
 
-from marti_ibrl.envs.dond import DondEnv, generate_scenarios, role_prompt
+from marti_ibrl.envs.dond import DondEnv, generate_scenarios
 from marti_ibrl.rollout.engines import HFGenerateEngine
 from marti_ibrl.rollout.render import RoleView
-from marti_ibrl.tiny import build_tiny_model, dond_corpus
+from marti_ibrl.tiny import build_tiny_dond_model
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 12}
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    extra = [role_prompt(s, i, "compact") for s in generate_scenarios(20, 0) for i in (0, 1)]
-    path = build_tiny_model(tmp_path_factory.mktemp("tiny"), dond_corpus(extra))
+    path = build_tiny_dond_model(tmp_path_factory.mktemp("tiny"))
     return HFGenerateEngine(path, seed=0)
 
 
