@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -28,8 +28,12 @@ class RoleConfig:
 
     name: str = ""
     """Role name; filled from the environment's role list (e.g. ``agent1``) when left empty."""
-    pretrain: str = MISSING
-    """HF checkpoint path of the role's initial policy; also its KL reference π_ref (Eq. 5)."""
+    pretrain: str | None = None
+    """HF checkpoint path of the role's initial policy; also its KL reference π_ref (Eq. 5). Required unless frozen."""
+    frozen: list[str] = field(default_factory=list)
+    """Unilateral baselines (§5): the role is NOT trained; its seat is played by one of these frozen counterparts,
+    sampled per scenario (pool-of-N when several): ``checkpoint:PATH`` (served by rollout engines),
+    ``bot:NAME`` (a scripted DoND bot), ``endpoint:MODEL@BASE_URL[#API_KEY_ENV]`` (OpenAI-compatible chat)."""
     lr: float = 1e-6
     """Adam learning rate α_i (Alg. 1, lines 8/11). Paper: 1e-6 sales, 1e-7 user."""
     update_every: int = 1
@@ -61,7 +65,7 @@ class EnvConfig:
     name: str = "dond"
     """Environment: ``dond`` (Deal-or-No-Deal)."""
     max_rounds: int = 10
-    """Round limit (a round is two turns); reaching it ends the dialogue with no deal."""
+    """Round limit (a round is one turn per role); reaching it ends the dialogue with no deal."""
     invalid_penalty: float = -1.0
     """Added to the reward of a role whose turn stayed malformed after the re-samples."""
     max_resamples: int = 2
@@ -127,6 +131,26 @@ class CkptConfig:
 
 
 @dataclass
+class PoolConfig:
+    """Opponent pools (paper §4.2, Eq. 6): historical checkpoints of each trained role."""
+
+    size: int = 4
+    """K: checkpoints kept per role; the oldest is evicted first (``eviction``)."""
+    snapshot_every: int = 1
+    """Add a snapshot to the role's pool after every N of *that role's* updates."""
+    probs: list[float] = field(default_factory=lambda: [0.7, 0.2, 0.1])
+    """[p_both, p_role1, p_role2, ...]: all roles face current counterparts / role i (current) faces historical
+    checkpoints of every other trained role. Paper: 0.7 / 0.2 / 0.1. ``[1.0, 0, 0]`` disables the pool.
+    Unused when fewer than two roles train (unilateral baselines have frozen counterparts instead)."""
+    eviction: str = "oldest"
+    """``oldest`` (FIFO, default) or ``random`` (a uniformly chosen member leaves; keeps older history around)."""
+    num_engines: int = 1
+    """Rollout engines per role serving its historical checkpoints (vLLM on GPU, HF generate on CPU)."""
+    dtype: str = "bf16"
+    """Snapshot dtype on disk: ``bf16`` (default) or ``fp32``."""
+
+
+@dataclass
 class LoggerConfig:
     tensorboard_dir: str | None = None
     """Default: ``<ckpt.path>/tensorboard``."""
@@ -155,17 +179,23 @@ class Config:
     ckpt: CkptConfig = field(default_factory=CkptConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    ablation: str = "none"
+    """Table 3 ablations: ``none``, ``shared_reward``, ``joint_norm``, ``no_stabilization`` (algorithm/ablations.py)."""
 
 
 _ROLE_FLAG = re.compile(r"^role(\d+)\.(.+)$")
 ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")
+ABLATIONS = ("none", "shared_reward", "joint_norm", "no_stabilization")
 
 
 def env_roles(env_name: str) -> tuple[str, ...]:
     """Role names of an environment, without importing any model code."""
     if env_name == "dond":
         return ("agent1", "agent2")
-    raise ConfigError(f"--env.name: unknown environment {env_name!r} (known: dond)")
+    if env_name == "dond3":
+        return ("agent1", "agent2", "agent3")
+    raise ConfigError(f"--env.name: unknown environment {env_name!r} (known: dond, dond3)")
 
 
 def _flags_to_dotlist(argv: list[str]) -> list[tuple[str, str, str]]:
@@ -230,6 +260,10 @@ def load_config(argv: list[str]) -> Config:
             if not 0 <= idx < len(names):
                 raise ConfigError(f"{flag}: environment {env_name} has roles role1..role{len(names)}")
             key = f"roles.{idx}.{m.group(2)}"
+            if m.group(2) == "frozen":  # specs hold ':', '/', '@', '#': a comma list, never omegaconf grammar
+                items = [v.strip() for v in value.strip().removeprefix("[").removesuffix("]").split(",")]
+                OmegaConf.update(merged, key, [v for v in items if v], merge=False)
+                continue
         try:
             OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=False)
         except OmegaConfBaseException as e:
@@ -279,9 +313,23 @@ def validate(cfg: Config) -> None:
     need(cfg.ckpt.save_steps == -1 or cfg.ckpt.save_steps >= 1, "ckpt.save_steps", "must be -1 or >= 1")
     names = [r.name for r in cfg.roles]
     need(len(set(names)) == len(names), "roles", f"role names must be unique, got {names}")
+    need(cfg.ablation in ABLATIONS, "ablation", f"must be one of {ABLATIONS}")
+    trained = [r for r in cfg.roles if not r.frozen]
+    need(bool(trained), "roles", "every role is frozen: nothing to train")
     for i, role in enumerate(cfg.roles, start=1):
         p = f"role{i}"
-        need(bool(role.pretrain), f"{p}.pretrain", "a checkpoint path is required")
+        for spec in role.frozen:
+            from marti_ibrl.rollout.players import parse_player_spec
+
+            try:
+                parsed = parse_player_spec(spec)
+            except ValueError as e:
+                raise ConfigError(f"--{p}.frozen: {e}") from None
+            if parsed["kind"] == "checkpoint":
+                need(Path(parsed["path"]).is_dir(), f"{p}.frozen", f"not a directory: {parsed['path']}")
+        if role.frozen:
+            continue
+        need(bool(role.pretrain), f"{p}.pretrain", f"a checkpoint path is required (or --{p}.frozen for a baseline)")
         need(Path(role.pretrain).is_dir(), f"{p}.pretrain", f"not a directory: {role.pretrain}")
         need(role.lr > 0, f"{p}.lr", "must be > 0")
         need(role.update_every >= 1, f"{p}.update_every", "must be >= 1")
@@ -300,6 +348,25 @@ def validate(cfg: Config) -> None:
                 load_reward_fn(role.reward_fn)
             except (ImportError, AttributeError, TypeError) as e:
                 raise ConfigError(f"--{p}.reward_fn: {e}") from None
+    pool = cfg.pool
+    need(pool.size >= 1, "pool.size", "must be >= 1")
+    need(pool.snapshot_every >= 1, "pool.snapshot_every", "must be >= 1")
+    need(pool.eviction in ("oldest", "random"), "pool.eviction", "must be oldest or random")
+    need(pool.num_engines >= 1, "pool.num_engines", "must be >= 1")
+    need(pool.dtype in ("bf16", "fp32"), "pool.dtype", "must be bf16 or fp32")
+    need(
+        len(pool.probs) == 1 + len(cfg.roles),
+        "pool.probs",
+        f"expected {1 + len(cfg.roles)} values [p_both, p_role1..p_role{len(cfg.roles)}], got {list(pool.probs)}",
+    )
+    need(all(p >= 0 for p in pool.probs), "pool.probs", f"probabilities must be >= 0, got {list(pool.probs)}")
+    need(abs(sum(pool.probs) - 1.0) < 1e-6, "pool.probs", f"must sum to 1, got {sum(pool.probs):.6g}")
+    for i, role in enumerate(cfg.roles, start=1):
+        need(
+            len(trained) < 2 or not (role.frozen and pool.probs[i] > 0),
+            "pool.probs",
+            f"role{i} is frozen: it has no pool, so its entry (index {i}) must be 0",
+        )
     samples = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
     need(
         samples % cfg.train.micro_batch_size == 0,

@@ -1,7 +1,16 @@
-"""The IB-RL trainer (paper Algorithm 1). :meth:`IBRLTrainer.iteration` is one iteration, top to bottom."""
+"""The IB-RL trainer (paper Algorithm 1). :meth:`IBRLTrainer.iteration` is one iteration, top to bottom.
+
+Exact resume: everything random on the driver is drawn from streams keyed by (seed, stream, iteration)
+(:meth:`IBRLTrainer._rng`), the rollout engines sample with per-call seeds and each update reseeds the
+actors, so iteration k depends only on the committed state before it. ``trainer_state.json`` is the
+commit record, written atomically after every role's DeepSpeed checkpoint of that iteration; on resume
+each role's DeepSpeed ``latest`` is pinned to the committed tag, so a checkpoint written half-way (killed
+during a save) is never picked up.
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import time
@@ -14,10 +23,19 @@ from statistics import mean
 import ray
 from tqdm import tqdm
 
+from marti_ibrl.algorithm import ablations
 from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key
+from marti_ibrl.algorithm.pool import BOTH, OpponentPool, Snapshot, configurations, sample_configuration
 from marti_ibrl.algorithm.schedule import roles_due
-from marti_ibrl.backend.openrlhf_glue import RoleStack, init_ray, resolve_device
-from marti_ibrl.config import Config, to_yaml
+from marti_ibrl.backend.openrlhf_glue import (
+    RoleStack,
+    frozen_checkpoints,
+    init_ray,
+    resolve_device,
+    start_engines,
+    uses_pool,
+)
+from marti_ibrl.config import Config, RoleConfig, to_yaml
 from marti_ibrl.envs import make_env
 from marti_ibrl.rewards import env_reward, load_reward_fn
 from marti_ibrl.rollout.dialogue import Trajectory
@@ -60,16 +78,17 @@ class ScenarioSampler:
         self._order = self._shuffled()
 
 
-def role_samples(trajectories: Sequence[Trajectory], role: str, max_len: int) -> list:
-    """The role's OpenRLHF experiences: its own rendering and mask m_i, reward R_i, group (role, q).
+def members(trajectories: Sequence[Trajectory], role: str) -> list[Trajectory]:
+    """The trajectories in role i's groups G_{i,q} (Eq. 4): its *current* policy acted, and no frozen
+    counterpart failed to answer (those are counted, never trained on)."""
+    return [t for t in trajectories if acted_with_current_policy(t.policies, role) and not t.failed]
 
-    Only trajectories where the role's *current* policy acted enter (membership rule of Eq. 4).
-    """
+
+def role_samples(scored: Sequence[tuple[Trajectory, float]], role: str, max_len: int) -> list:
+    """The role's OpenRLHF experiences: its own rendering and mask m_i, its training reward, group (role, q)."""
     samples = []
-    for t in trajectories:
-        if not acted_with_current_policy(t.policies, role):
-            continue
-        exp = role_experience(t.views[role], max_len, reward=t.rewards[role], label=t.scenario_uid)
+    for t, reward in scored:
+        exp = role_experience(t.views[role], max_len, reward=reward, label=t.scenario_uid)
         exp.group_ids = [group_key(role, t.scenario_uid)]
         samples.append(exp)
     return samples
@@ -88,17 +107,30 @@ class Timer:
 
 class IBRLTrainer:
     def __init__(self, cfg: Config):
+        cfg, changes = ablations.resolve(copy.deepcopy(cfg))  # the caller's config is never modified
+        for line in changes:
+            print(f"--ablation {cfg.ablation}: {line}")
         self.cfg = cfg
-        self.roles = [r.name for r in cfg.roles]
+        self.roles = [r.name for r in cfg.roles]  # every seat
+        self.trained = [r.name for r in cfg.roles if not r.frozen]
         self.run_dir = Path(cfg.ckpt.path)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.env, scenarios = make_env(cfg.env, cfg.train.seed)
         self.sampler = ScenarioSampler(scenarios, cfg.train.seed)
+        state = self._committed_state() if cfg.ckpt.load_enable else None
+        if cfg.ckpt.load_enable and state is None:  # nothing committed: never load a half-written checkpoint
+            print(f"--ckpt.load_enable: no {STATE_FILE} in {self.run_dir}, starting from iteration 1")
+            cfg.ckpt.load_enable = False
         device = resolve_device(cfg)
         init_ray(cfg, device)
-        self.stacks = {r.name: RoleStack.start(cfg, r, device) for r in cfg.roles}
+        self.stacks = {r.name: RoleStack.start(cfg, r, device) for r in cfg.roles if not r.frozen}
+        self.frozen = {r.name: self._frozen_policies(r, device) for r in cfg.roles if r.frozen}
+        if state is not None:
+            self._pin_deepspeed_latest(state["iteration"])
         ray.get([ref for s in self.stacks.values() for ref in s.init_models(cfg.train.iterations)])
+        # engines start from the actor's weights (as loaded, in its dtype), exactly as after any update
+        ray.get([ref for s in self.stacks.values() for ref in s.sync_engines_async()])
         reward_fns = {r.name: load_reward_fn(r.reward_fn) if r.reward_fn else env_reward(self.env) for r in cfg.roles}
         sampling = {
             "temperature": cfg.rollout.temperature,
@@ -106,33 +138,166 @@ class IBRLTrainer:
             "max_new_tokens": cfg.rollout.max_new_tokens,
         }
         self.runner = DialogueRunner(self.env, reward_fns, sampling, cfg.rollout.max_len, cfg.env.max_resamples)
+        self.pools = {}
+        if uses_pool(cfg):
+            self.pools = {
+                r: OpponentPool(self.run_dir / "pool", r, cfg.pool.size, cfg.pool.eviction) for r in self.trained
+            }
+        self.pool_loaded: dict[str, int] = {}  # role -> snapshot version its pool engines hold
+        self.pending_snapshots: list[tuple[str, int, int, list]] = []  # (role, version, iteration, refs)
+        self.committed_pool_files: dict[str, set[str]] = {r: set() for r in self.pools}
+        self.updates = {r: 0 for r in self.trained}  # each role's update count (schedule, snapshot versions)
         self.start_iteration = 1
         self.history: list[dict] = []
-        if cfg.ckpt.load_enable and (self.run_dir / STATE_FILE).exists():
-            self._resume()
+        self.rollout_log: list[dict] = []  # per iteration: configuration, opponents, scenario order
+        if state is not None:
+            self._resume(state)
         self.logger = self._make_logger()
 
-    def policies(self) -> dict[str, Policy]:
-        """Who plays each seat this iteration: every role's current policy (opponent pools: issue 3)."""
-        return {r: Policy("current", s.engines, s.tokenizer) for r, s in self.stacks.items()}
+    def _rng(self, stream: str, k: int) -> random.Random:
+        """The random stream ``stream`` of iteration k: a function of (seed, stream, k) only (exact resume)."""
+        return random.Random(f"{self.cfg.train.seed}/{stream}/{k}")
+
+    def _seed(self, stream: str, k: int) -> int:
+        return self._rng(stream, k).getrandbits(31)
+
+    def _frozen_policies(self, role: RoleConfig, device: str) -> list[Policy]:
+        """A frozen role's counterparts (unilateral baselines): engines for checkpoints, text players otherwise."""
+        from transformers import AutoTokenizer
+
+        from marti_ibrl.rollout.players import make_player, parse_player_spec
+
+        policies = []
+        for i, spec in enumerate(role.frozen):
+            parsed = parse_player_spec(spec)
+            if parsed["kind"] == "checkpoint":
+                seed = self.cfg.train.seed + 7000 + 100 * i
+                engines = start_engines(self.cfg, role, parsed["path"], seed, device, role.num_engines)
+                policies.append(Policy(f"frozen:{spec}", engines, AutoTokenizer.from_pretrained(parsed["path"])))
+            else:
+                if parsed["kind"] == "endpoint":
+                    parsed["sampling"] = {
+                        "temperature": self.cfg.rollout.temperature,
+                        "top_p": self.cfg.rollout.top_p,
+                        "max_new_tokens": self.cfg.rollout.max_new_tokens,
+                    }
+                elif parsed["kind"] == "bot":
+                    parsed["seed"] = self.cfg.train.seed
+                policies.append(Policy(f"frozen:{spec}", player=make_player(parsed)))
+        assert len(frozen_checkpoints(role)) == sum(bool(p.engines) for p in policies)
+        return policies
+
+    # -- the iteration ------------------------------------------------------------------------------------------
 
     def iteration(self, k: int) -> dict[str, float]:
         """IB-RL iteration k (Alg. 1, lines 3-13)."""
         cfg, timer = self.cfg, Timer()
-        with timer("sample"):
+        with timer("sample"):  # scenarios q and the opponent configuration of Eq. 6
             scenarios = self.sampler.next_batch(cfg.rollout.batch_size)
+            configuration = self.sample_configuration(k)
+        with timer("opponents"):  # who plays each seat: current, pool snapshot, or frozen counterpart
+            seats, opponents = self.seat_policies(k, configuration, scenarios)
         with timer("rollout"):  # shared trajectories; per-role rewards R_i(τ) scored as dialogues finish
-            trajectories = self.runner.run(scenarios, cfg.rollout.n_samples_per_prompt, self.policies(), progress=True)
-        due = roles_due(k, {r.name: r.update_every for r in cfg.roles})  # u_i(k), §4.2
-        with timer("experience"), ThreadPoolExecutor(max(1, len(due))) as pool:  # per-role masks m_i + Eq. 4
-            samples = {r: role_samples(trajectories, r, cfg.rollout.max_len) for r in due}
-            experiences = dict(zip(due, pool.map(lambda r: self.stacks[r].make_experiences(samples[r]), due)))
+            trajectories = self.runner.run(
+                scenarios, cfg.rollout.n_samples_per_prompt, seats, progress=True, seed=self._seed("rollout", k)
+            )
+        self.finish_snapshots()  # the previous iteration's exports ran alongside the rollout
+        scored = self.training_rewards(trajectories)  # Eq. 4 membership; R_i (or an ablation's reward)
+        schedule = roles_due(k, {r.name: r.update_every for r in cfg.roles if not r.frozen})  # u_i(k), §4.2
+        due = [r for r in schedule if scored[r]]  # a role facing nobody as its current self has nothing to learn
+        with timer("experience"), ThreadPoolExecutor(max(1, len(due))) as pool:  # per-role masks m_i, Eq. 4
+            precomputed = cfg.ablation == "joint_norm"
+            samples = {r: role_samples(scored[r], r, cfg.rollout.max_len) for r in due}
+            experiences = dict(
+                zip(due, pool.map(lambda r: self.stacks[r].make_experiences(samples[r], precomputed), due))
+            )
         with timer("update"):  # Eq. 5, each role's own optimizer; roles that are not due do not step
-            fit_refs = {r: self.stacks[r].fit_async(experiences[r]) for r in due}
+            fit_refs = {r: self.stacks[r].fit_async(experiences[r], seed=self._seed(f"update/{r}", k)) for r in due}
             status = {r: ray.get(refs)[0] for r, refs in fit_refs.items()}
         with timer("weight_sync"):  # only updated roles re-sync their engines
             ray.get([ref for r in due for ref in self.stacks[r].sync_engines_async()])
-        return self._metrics(k, trajectories, experiences, status, timer)
+        for r in due:
+            self.updates[r] += 1
+        with timer("snapshot"):  # Alg. 1 line 13: exports start now and overlap the next rollout
+            self.start_snapshots(k, due)
+        self.rollout_log.append(
+            {
+                "iteration": k,
+                "configuration": configuration,
+                "opponents": opponents,
+                "scenarios": [u for u, _ in scenarios],
+            }
+        )
+        return self._metrics(k, trajectories, experiences, status, timer, configuration, schedule)
+
+    def sample_configuration(self, k: int) -> str:
+        """Eq. 6: ``both``, or the name of the role whose current policy faces the others' history."""
+        if not self.pools:
+            return BOTH
+        return sample_configuration(self._rng("configuration", k), self.roles, self.cfg.pool.probs)
+
+    def seat_policies(self, k: int, configuration: str, scenarios) -> tuple[list[dict[str, Policy]], dict[str, str]]:
+        """Per scenario, the policy of every seat; and the iteration's opponents by role (for the log).
+
+        A trained role plays as its current policy, or as a snapshot sampled from its pool when another
+        role is the learner facing history (an empty pool lends the current policy). A frozen role's
+        counterpart is sampled per scenario (pool-of-N).
+        """
+        if configuration != BOTH:
+            self.finish_snapshots()  # the pools must hold every snapshot up to iteration k-1
+        rng = self._rng("opponents", k)
+        fixed: dict[str, Policy] = {}
+        for r, stack in self.stacks.items():
+            pool = self.pools.get(r)
+            if configuration in (BOTH, r) or pool is None or not len(pool):
+                fixed[r] = Policy("current", stack.engines, stack.tokenizer)
+                continue
+            snap = pool.sample(rng)
+            if self.pool_loaded.get(r) != snap.version:
+                ray.get([e.load_weights_file.remote(str(pool.path(snap))) for e in stack.pool_engines])
+                self.pool_loaded[r] = snap.version
+            fixed[r] = Policy(f"pool:{snap.version}", stack.pool_engines, stack.tokenizer)
+        seats = [{**fixed, **{r: rng.choice(ps) for r, ps in self.frozen.items()}} for _ in scenarios]
+        opponents = {r: p.name for r, p in fixed.items()}
+        for r in self.frozen:
+            opponents[r] = ",".join(sorted({s[r].name for s in seats}))
+        return seats, opponents
+
+    def training_rewards(self, trajectories: Sequence[Trajectory]) -> dict[str, list[tuple[Trajectory, float]]]:
+        """Per trained role, its group members (Eq. 4) with the reward it optimises (R_i, or an ablation's)."""
+        ablation = self.cfg.ablation
+        scored = {
+            r: [(t, ablations.training_reward(ablation, t, r)) for t in members(trajectories, r)] for r in self.trained
+        }
+        if ablation == "joint_norm":
+            flat = [(r, t.scenario_uid, x) for r in self.trained for t, x in scored[r]]
+            shaped = iter(ablations.joint_normalized_advantages(flat))
+            scored = {r: [(t, next(shaped)) for t, _ in scored[r]] for r in self.trained}
+        return scored
+
+    # -- opponent pools (Alg. 1 line 13) --------------------------------------------------------------------
+
+    def start_snapshots(self, k: int, updated: Sequence[str]) -> None:
+        """Start writing a snapshot of every updated role whose update count hits ``pool.snapshot_every``."""
+        for r in updated:
+            if r in self.pools and self.updates[r] % self.cfg.pool.snapshot_every == 0:
+                version = self.updates[r]
+                path = self.pools[r].path_for(version)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.pending_snapshots.append(
+                    (r, version, k, self.stacks[r].export_weights_async(str(path), self.cfg.pool.dtype))
+                )
+
+    def finish_snapshots(self) -> None:
+        """Wait for started snapshots and add them to their pools (manifest on disk; evicted files collected)."""
+        for r, version, k, refs in self.pending_snapshots:
+            info = next(x for x in ray.get(refs) if x is not None)
+            pool = self.pools[r]
+            snap = Snapshot(r, version, k, pool.path_for(version).name, **info)
+            pool.add(snap, self._rng(f"evict/{r}", k))
+            pool.write_manifest()
+            pool.gc(self.committed_pool_files[r])
+        self.pending_snapshots = []
 
     def fit(self) -> list[dict]:
         cfg = self.cfg
@@ -151,22 +316,57 @@ class IBRLTrainer:
     # -- checkpoints, logs -----------------------------------------------------------------------------------
 
     def save(self, k: int, final: bool = False) -> None:
+        """Every role's DeepSpeed checkpoint at tag ``global_step{k}``, then the commit record (atomic)."""
+        self.finish_snapshots()
         tag = f"global_step{k}"
         refs = [ref for s in self.stacks.values() for ref in s.save_checkpoint_async(tag, {"ibrl_iteration": k})]
         if final:
             refs += [ref for s in self.stacks.values() for ref in s.save_hf_async()]
         ray.get(refs)
-        state = {"iteration": k, "sampler": self.sampler.state_dict(), "history": self.history}
+        state = {
+            "iteration": k,
+            "seed": self.cfg.train.seed,
+            "updates": self.updates,
+            "sampler": self.sampler.state_dict(),
+            "pools": {r: pool.manifest() for r, pool in self.pools.items()},
+            "history": self.history,
+            "rollout_log": self.rollout_log,
+        }
         tmp = self.run_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(self.run_dir / STATE_FILE)  # atomic: a half-written state is never picked up
+        for r, pool in self.pools.items():
+            self.committed_pool_files[r] = {m.file for m in pool.members}
+            pool.gc(set())
 
-    def _resume(self) -> None:
-        state = json.loads((self.run_dir / STATE_FILE).read_text())
+    def _committed_state(self) -> dict | None:
+        path = self.run_dir / STATE_FILE
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def _pin_deepspeed_latest(self, k: int) -> None:
+        """Point every role's DeepSpeed ``latest`` at the committed tag (a later, half-written one is ignored)."""
+        tag = f"global_step{k}"
+        for stack in self.stacks.values():
+            ckpt = Path(stack.args.ckpt.path) / "_actor"
+            if not (ckpt / tag).is_dir():
+                raise FileNotFoundError(
+                    f"resume: {self.run_dir / STATE_FILE} commits iteration {k}, but {ckpt / tag} is missing"
+                )
+            (ckpt / "latest").write_text(tag)
+
+    def _resume(self, state: dict) -> None:
+        if state["seed"] != self.cfg.train.seed:
+            raise ValueError(f"resume: the run was made with --train.seed {state['seed']}, not {self.cfg.train.seed}")
         self.start_iteration = state["iteration"] + 1
+        self.updates = dict(state["updates"])
         self.sampler.load_state_dict(state["sampler"])
         self.history = state["history"]
-        ray.get([ref for s in self.stacks.values() for ref in s.sync_engines_async()])
+        self.rollout_log = state["rollout_log"]
+        for r, pool in self.pools.items():
+            pool.load_manifest(state["pools"][r])
+            pool.write_manifest()
+            self.committed_pool_files[r] = {m.file for m in pool.members}
+            pool.gc(set())  # snapshots written after the commit are dropped: they will be written again
 
     def _make_logger(self):
         from openrlhf.utils.logging_utils import TensorboardLogger, WandbLogger
@@ -174,18 +374,25 @@ class IBRLTrainer:
         args = next(iter(self.stacks.values())).args
         return WandbLogger(args) if self.cfg.logger.wandb_project else TensorboardLogger(args)
 
-    def _metrics(self, k, trajectories, experiences, status, timer) -> dict[str, float]:
+    def _metrics(self, k, trajectories, experiences, status, timer, configuration, schedule) -> dict[str, float]:
         n = len(trajectories)
         m: dict[str, float] = {"iteration": k, **timer.seconds}
         m["rollout/agreement"] = sum(t.outcome.agreed for t in trajectories) / n
         m["rollout/malformed"] = sum(t.outcome.malformed for t in trajectories) / n
         m["rollout/turns"] = mean(len(t.turns) for t in trajectories)
         m["rollout/truncated"] = sum(t.truncated for t in trajectories) / n
+        m["rollout/failed"] = sum(t.failed for t in trajectories) / n
+        m["pool/configuration"] = float(configurations(self.roles).index(configuration))
+        for r, pool in self.pools.items():
+            m[f"pool/{r}/size"] = float(len(pool))
+            m[f"pool/{r}/snapshot_seconds"] = pool.members[-1].seconds if len(pool) else 0.0
         for r in self.roles:
             m[f"{r}/reward"] = mean(t.rewards[r] for t in trajectories)
             m[f"{r}/utility"] = mean(t.outcome.utilities.get(r, 0.0) for t in trajectories)
             m[f"{r}/malformed"] = sum(t.outcome.info.get("fault_role") == r for t in trajectories) / n
             m[f"{r}/updated"] = float(r in status)
+            m[f"{r}/scheduled"] = float(r in schedule)
+            m[f"{r}/current_share"] = sum(t.policies[r] == "current" for t in trajectories) / n
             for key, value in status.get(r, {}).items():
                 if isinstance(value, int | float):
                     m[f"{r}/{key}"] = float(value)

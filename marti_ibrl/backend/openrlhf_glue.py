@@ -44,23 +44,76 @@ class IsolatedActorPPOTrainer(ActorPPOTrainer):
         )
 
 
+class IsolatedExperienceMaker(RemoteExperienceMaker):
+    """OpenRLHF's experience maker; with ``precomputed_advantages`` the samples' rewards are already the
+    advantages (the ``joint_norm`` ablation normalises over both roles on the driver), so no group baseline
+    is applied on top. Otherwise unchanged: Eq. 4 per ``group_ids`` (patch 0005)."""
+
+    precomputed_advantages = False
+
+    def _shape_rewards_by_group_ids(self, experiences):
+        if self.precomputed_advantages:
+            return [experience.rewards for experience in experiences]
+        return super()._shape_rewards_by_group_ids(experiences)
+
+
 class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
     """A role's DeepSpeed policy actor: OpenRLHF's PolicyModelActor with the isolated trainer."""
 
     trainer_cls = IsolatedActorPPOTrainer
 
-    def weights_digest(self) -> str:
-        """sha256 over the (gathered) parameters, identical on every rank; for tests and logs."""
+    def _gathered_parameters(self):
+        """(name, full parameter) pairs, gathered under ZeRO-3; the body runs while each one is gathered."""
         import deepspeed
 
         zero3 = self.strategy.args.ds.zero_stage == 3
+        for name, p in self.actor.model.module.named_parameters():
+            with deepspeed.zero.GatheredParameters([p], enabled=zero3):
+                yield name, p
 
-        def gathered():
-            for name, p in self.actor.model.module.named_parameters():
-                with deepspeed.zero.GatheredParameters([p], enabled=zero3):
-                    yield name, p
+    def weights_digest(self) -> str:
+        """sha256 over the (gathered) parameters, identical on every rank; for tests and logs."""
+        return params_digest(self._gathered_parameters())
 
-        return params_digest(gathered())
+    def reseed(self, seed: int) -> None:
+        """Seed this rank's RNGs (the update's data shuffling), so a resumed run replays the same update."""
+        import random
+
+        import numpy as np
+
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def export_weights(self, path: str, dtype: str = "bf16") -> dict | None:
+        """Write the policy's weights to one safetensors file (rank 0; every rank joins the ZeRO-3 gathers).
+
+        Written to ``path.tmp`` and renamed, so a half-written snapshot never has the final name.
+        Returns {sha256, bytes, seconds} on rank 0, None elsewhere.
+        """
+        import hashlib
+        import os
+        import time
+
+        from safetensors.torch import save_file
+
+        start = time.perf_counter()
+        rank0 = torch.distributed.get_rank() == 0
+        to = torch.bfloat16 if dtype == "bf16" else torch.float32
+        tensors = {}
+        for name, p in self._gathered_parameters():
+            if rank0:
+                tensors[name] = p.detach().to("cpu", dtype=to, copy=True).contiguous()
+        if not rank0:
+            return None
+        tmp = path + ".tmp"
+        save_file(tensors, tmp)
+        h = hashlib.sha256()
+        with open(tmp, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+        os.replace(tmp, path)
+        return {"sha256": h.hexdigest(), "bytes": os.path.getsize(path), "seconds": time.perf_counter() - start}
 
 
 RolePolicyActor = ray.remote(num_gpus=1)(RolePolicyActorBase)
@@ -148,12 +201,34 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     return a
 
 
+def trained_roles(cfg: Config) -> list[RoleConfig]:
+    return [r for r in cfg.roles if not r.frozen]
+
+
+def uses_pool(cfg: Config) -> bool:
+    """Opponent pools need two trained roles and some probability of facing history (Eq. 6)."""
+    return len(trained_roles(cfg)) >= 2 and cfg.pool.probs[0] < 1.0
+
+
+def frozen_checkpoints(role: RoleConfig) -> list[str]:
+    from marti_ibrl.rollout.players import parse_player_spec
+
+    return [s["path"] for s in map(parse_player_spec, role.frozen) if s["kind"] == "checkpoint"]
+
+
 def device_slots(cfg: Config) -> int:
-    """How many device slots ("GPU" resources) the job needs: actor + reference ranks + engine GPUs per role."""
+    """Device slots ("GPU" resources) the job needs: per trained role its actor + reference ranks, rollout
+    engines and pool engines; per frozen checkpoint counterpart its engines."""
     total = 0
     for role in cfg.roles:
+        engine_gpus = role.num_engines * role.tensor_parallel_size
+        if role.frozen:
+            total += len(frozen_checkpoints(role)) * engine_gpus
+            continue
         ranks = role.num_nodes * role.num_gpus_per_node
-        total += ranks * (2 if role.kl_coef > 0 else 1) + role.num_engines * role.tensor_parallel_size
+        total += ranks * (2 if role.kl_coef > 0 else 1) + engine_gpus
+        if uses_pool(cfg):
+            total += cfg.pool.num_engines * role.tensor_parallel_size
     return total
 
 
@@ -196,8 +271,9 @@ class RoleStack:
     engines: list
     actor: RayActorGroup
     ref: RayActorGroup | None
-    maker: RemoteExperienceMaker
+    maker: IsolatedExperienceMaker
     tokenizer: Any
+    pool_engines: list  # serve the role's historical checkpoints (Eq. 6); never the current weights
 
     @classmethod
     def start(cls, cfg: Config, role: RoleConfig, device: str) -> RoleStack:
@@ -207,23 +283,18 @@ class RoleStack:
 
         args = role_args(cfg, role, device)
         strategy = get_strategy(args)
-        use_vllm = device == "cuda" and has_vllm()
-        engines = create_engines(
-            args,
-            role.pretrain,
-            cfg.train.seed + 1000 * (cfg.roles.index(role) + 1),
-            use_vllm,
-            role.num_engines,
-            role.tensor_parallel_size,
-            cfg.rollout.max_len,
-        )
+        seed = cfg.train.seed + 1000 * (cfg.roles.index(role) + 1)
+        engines = start_engines(cfg, role, role.pretrain, seed, device, role.num_engines)
+        pool_engines = []
+        if uses_pool(cfg):
+            pool_engines = start_engines(cfg, role, role.pretrain, seed + 500, device, cfg.pool.num_engines)
         actor = RayActorGroup(role.num_nodes, role.num_gpus_per_node, RolePolicyActor, pg=None, num_gpus_per_actor=1)
         ref = None
         if role.kl_coef > 0:
             ref = RayActorGroup(role.num_nodes, role.num_gpus_per_node, ReferenceModelActor, pg=None)
         tokenizer = AutoTokenizer.from_pretrained(role.pretrain)
-        maker = RemoteExperienceMaker(actor, None, None, ref, FixedKLController(0.0), strategy, tokenizer)
-        return cls(role, args, strategy, engines, actor, ref, maker, tokenizer)
+        maker = IsolatedExperienceMaker(actor, None, None, ref, FixedKLController(0.0), strategy, tokenizer)
+        return cls(role, args, strategy, engines, actor, ref, maker, tokenizer, pool_engines)
 
     def init_models(self, iterations: int) -> list:
         """Load the DeepSpeed models (async refs); the LR scheduler is sized to the role's own update count."""
@@ -236,13 +307,18 @@ class RoleStack:
 
     # -- the role's update, in OpenRLHF's own order: append -> fit -> broadcast ------------------------------
 
-    def make_experiences(self, samples: list) -> list:
+    def make_experiences(self, samples: list, precomputed_advantages: bool = False) -> list:
         """Actor/reference log-probs and per-group advantages (Eq. 4) for the role's samples."""
+        self.maker.precomputed_advantages = precomputed_advantages
         return self.maker.make_experience_batch(samples)
 
-    def fit_async(self, experiences: list) -> list:
+    def fit_async(self, experiences: list, seed: int) -> list:
         ray.get(self.actor.async_run_method_batch(method_name="append", experience=experiences))
+        ray.get(self.actor.async_run_method(method_name="reseed", seed=seed))
         return self.actor.async_run_method(method_name="fit", kl_ctl=self.role.kl_coef)
+
+    def export_weights_async(self, path: str, dtype: str) -> list:
+        return self.actor.async_run_method(method_name="export_weights", path=path, dtype=dtype)
 
     def sync_engines_async(self) -> list:
         return self.actor.async_run_method(method_name="broadcast_to_vllm")
@@ -256,5 +332,12 @@ class RoleStack:
     def weights_digest(self) -> str:
         return ray.get(self.actor.async_run_method(method_name="weights_digest"))[0]
 
-    def engine_digests(self) -> list[str]:
-        return ray.get([e.weights_digest.remote() for e in self.engines])
+    def engine_digests(self, engines: list | None = None) -> list[str]:
+        return ray.get([e.weights_digest.remote() for e in (self.engines if engines is None else engines)])
+
+
+def start_engines(cfg: Config, role: RoleConfig, model: str, seed: int, device: str, num_engines: int) -> list:
+    """Rollout engines serving ``model`` for ``role`` (vLLM on GPU when installed, HF generate otherwise)."""
+    args = role_args(cfg, role, device)
+    use_vllm = device == "cuda" and has_vllm()
+    return create_engines(args, model, seed, use_vllm, num_engines, role.tensor_parallel_size, cfg.rollout.max_len)

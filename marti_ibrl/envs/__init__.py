@@ -21,4 +21,18 @@ def make_env(cfg: EnvConfig, seed: int) -> tuple[DialogueEnv, list[tuple[str, ob
         )
         scenarios = load_lewis_file(cfg.data) if cfg.data else generate_scenarios(cfg.num_scenarios, seed)
         return env, [(s.uid, s) for s in scenarios]
+    if cfg.name == "dond3":
+        from marti_ibrl.envs.dond import ThreePartyDondEnv, generate_three_party_scenarios
+
+        if cfg.data:
+            raise ValueError(
+                f"--env.data is not supported for dond3 (got {cfg.data!r}): its scenarios come from the generator"
+            )
+        env = ThreePartyDondEnv(
+            roles=env_roles(cfg.name),
+            max_rounds=cfg.max_rounds,
+            invalid_penalty=cfg.invalid_penalty,
+            prompt_style=cfg.prompt_style,
+        )
+        return env, [(s.uid, s) for s in generate_three_party_scenarios(cfg.num_scenarios, seed)]
     raise ValueError(f"unknown environment {cfg.name!r}")

@@ -32,4 +32,5 @@ class Trajectory:
     rewards: dict[str, float] = field(default_factory=dict)  # R_i(τ) per role
     views: dict[str, Any] = field(default_factory=dict)  # role -> RoleView (token ids + action ranges)
     truncated: bool = False  # ended because a role's context hit rollout.max_len
+    failed: bool = False  # a frozen counterpart (endpoint) could not produce a turn: kept out of training
     sample_index: int = 0  # g within the scenario's group

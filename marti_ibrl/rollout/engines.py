@@ -6,9 +6,11 @@ Protocol (Ray actor methods)::
         # each result: {"token_ids": [...], "logprobs": [...], "finish_reason": "stop" | "length"}
         # session_ids: one per prompt (a dialogue's id): a prompt extending the session's previous prompt +
         # generation reuses its KV cache (prefix caching; vLLM does it by content and ignores them).
-        # sampling: {"temperature", "top_p", "max_new_tokens"}; logprobs are log π(w) of the
-        # temperature-scaled policy, the same quantity OpenRLHF's Actor computes for training.
+        # sampling: {"temperature", "top_p", "max_new_tokens", optional "seed"}; logprobs are log π(w) of the
+        # temperature-scaled policy, the same quantity OpenRLHF's Actor computes for training. With a seed,
+        # the same prompts give the same samples (a resumed run replays its rollouts).
     update_weights_from_state_dict(state_dict)   # weight sync (OpenRLHF patch 0002, object store)
+    load_weights_file(path)                      # load an opponent-pool snapshot (safetensors)
 
 Implementations: :class:`HFGenerateEngine` (CPU, or any machine without vLLM: batched HF
 ``generate``) and :func:`vllm_engine_class` (OpenRLHF's vLLM ``RolloutRayActor`` + ``generate_batch``).
@@ -116,6 +118,8 @@ class HFGenerateEngine:
             return []
         session_ids = list(session_ids) if session_ids is not None else [None] * len(prompts)
         ids, attn, cache = self._batch(prompts, session_ids)
+        if sampling.get("seed") is not None:
+            torch.manual_seed(int(sampling["seed"]))
         temperature = float(sampling.get("temperature", 1.0))
         out = self.model.generate(
             input_ids=ids,
@@ -150,6 +154,11 @@ class HFGenerateEngine:
         self.sessions.clear()  # cached KV was computed with the old weights
         self.model.load_state_dict({k: v.float() for k, v in state_dict.items()}, strict=False)
 
+    def load_weights_file(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        self.update_weights_from_state_dict(load_file(path))
+
     def weights_digest(self) -> str:
         """sha256 over the engine's parameters (tests: which weights does the engine hold?)."""
         return params_digest(self.model.named_parameters())  # same order and names as the trainer's model
@@ -175,7 +184,7 @@ HFGenerateEngineActor = ray.remote(HFGenerateEngine)
 
 
 def vllm_engine_class():
-    """OpenRLHF's vLLM ``RolloutRayActor`` plus ``generate_batch``/``weights_digest`` (imports vllm lazily)."""
+    """OpenRLHF's vLLM ``RolloutRayActor`` plus ``generate_batch``/``load_weights_file`` (imports vllm lazily)."""
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
     base = RolloutRayActor.__ray_actor_class__
@@ -184,13 +193,18 @@ def vllm_engine_class():
         async def generate_batch(self, prompts: list[list[int]], sampling: dict, session_ids=None) -> list[dict]:
             from vllm import SamplingParams
 
-            params = SamplingParams(
-                temperature=float(sampling.get("temperature", 1.0)),
-                top_p=float(sampling.get("top_p", 1.0)),
-                max_tokens=int(sampling["max_new_tokens"]),
-                logprobs=0,
-            )
-            outs = await asyncio.gather(*(self.generate(p, params) for p in prompts))
+            seed = sampling.get("seed")
+
+            def params(i: int):
+                return SamplingParams(
+                    temperature=float(sampling.get("temperature", 1.0)),
+                    top_p=float(sampling.get("top_p", 1.0)),
+                    max_tokens=int(sampling["max_new_tokens"]),
+                    logprobs=0,
+                    seed=None if seed is None else int(seed) + i,
+                )
+
+            outs = await asyncio.gather(*(self.generate(p, params(i)) for i, p in enumerate(prompts)))
             results = []
             for o in outs:
                 c = o.outputs[0]
@@ -198,6 +212,12 @@ def vllm_engine_class():
                 lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])] if c.logprobs else [0.0] * len(ids)
                 results.append({"token_ids": ids, "logprobs": lps, "finish_reason": c.finish_reason or "length"})
             return results
+
+        async def load_weights_file(self, path: str):
+            from safetensors.torch import load_file
+
+            await self.reset_prefix_cache()
+            return await self.update_weights_from_state_dict(load_file(path))
 
     return ray.remote(VLLMRolloutEngine)
 

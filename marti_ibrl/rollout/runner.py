@@ -8,6 +8,15 @@ dialogue with its own tokenizer (:class:`RoleView`); the tokens a role's engine 
 that role's action span. Rewards are scored as soon as a dialogue ends, on a thread pool, while the
 other dialogues keep generating.
 
+A seat can also be played by a text-level :class:`~marti_ibrl.rollout.players.TextPlayer` (a scripted
+bot or an OpenAI-compatible endpoint: unilateral baselines); its batches run on worker threads, in
+flight together with the engines' batches. A turn a player could not produce (endpoint down after
+its retries) ends the dialogue as ``counterpart_failure``: the trajectory is marked ``failed``,
+counted, and kept out of every role's training groups.
+
+Sampling is reproducible: sessions are named after (run seed, scenario, sample) and each engine call
+carries a seed derived from the run seed and the call, so a resumed run replays the same rollouts.
+
 Malformed turns (the env says ``valid=False``) are re-sampled up to ``max_resamples`` times; the
 discarded attempts leave no trace. A turn still malformed after that ends the dialogue as
 malformed (no deal, the env's invalid penalty for its speaker). A dialogue whose next turn could not
@@ -16,10 +25,12 @@ fit a role's context (``max_len``) ends without a deal (``context_limit``).
 
 from __future__ import annotations
 
-import uuid
+import hashlib
+import itertools
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -30,22 +41,29 @@ from marti_ibrl.rollout.dialogue import Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
 
 CONTEXT_LIMIT = "context_limit"
+COUNTERPART_FAILURE = "counterpart_failure"
 
 
 @dataclass
 class Policy:
-    """A policy that can take a seat: a name and the engines serving it, with its tokenizer."""
+    """A policy that can take a seat: rollout engines with their tokenizer, or a text-level player."""
 
     name: str  # "current" | "pool:<version>" | "frozen:<name>"
-    engines: Sequence[Any]  # Ray actor handles implementing generate_batch
-    tokenizer: Any
+    engines: Sequence[Any] = ()  # Ray actor handles implementing generate_batch
+    tokenizer: Any = None
+    player: Any = None  # a TextPlayer (respond(env, role, trajectories) -> texts) instead of engines
+
+    def __post_init__(self):
+        if (self.player is None) == (not self.engines):
+            raise ValueError(f"policy {self.name!r}: give either engines (+ tokenizer) or a text player")
 
 
 @dataclass
 class _Live:
     traj: Trajectory
+    session: str  # the engines' prefix-cache key (hex)
+    policies: Mapping[str, Policy]  # who plays each seat of this dialogue
     attempts: int = 0
-    session: str = field(default_factory=lambda: uuid.uuid4().hex)  # the engines' prefix-cache key
 
 
 def seats_for(roles: Sequence[str], scenario_index: int, sample_index: int) -> list[str]:
@@ -75,34 +93,53 @@ class DialogueRunner:
         self,
         scenarios: Sequence[tuple[str, Any]],
         n_samples: int,
-        policies: Mapping[str, Policy],
+        policies: Mapping[str, Policy] | Sequence[Mapping[str, Policy]],
         progress: bool = False,
+        seed: int = 0,
     ) -> list[Trajectory]:
-        """Play ``n_samples`` dialogues per (uid, scenario); ``policies[role]`` plays ``role``'s seat."""
+        """Play ``n_samples`` dialogues per (uid, scenario); ``policies[role]`` plays ``role``'s seat.
+
+        ``policies`` is one mapping for every scenario, or one per scenario (e.g. a frozen counterpart
+        sampled per prompt). ``seed`` makes the sampling reproducible (see the module doc).
+        """
         roles = list(self.env.roles)
+        per_scenario = [policies] * len(scenarios) if isinstance(policies, Mapping) else list(policies)
+        if len(per_scenario) != len(scenarios):
+            raise ValueError(f"{len(per_scenario)} policy mappings for {len(scenarios)} scenarios")
         live: list[_Live] = []
         for si, (uid, scenario) in enumerate(scenarios):
+            seat_policies = per_scenario[si]
             for g in range(n_samples):
                 seats = seats_for(roles, si, g)
                 traj = Trajectory(
                     scenario_uid=uid,
                     scenario=scenario,
                     seats=seats,
-                    policies={r: policies[r].name for r in roles},
+                    policies={r: seat_policies[r].name for r in roles},
                     state=self.env.new_state(scenario, seats),
-                    views={r: RoleView(policies[r].tokenizer, self.env.system_prompt(scenario, r)) for r in roles},
+                    views={
+                        r: RoleView(seat_policies[r].tokenizer, self.env.system_prompt(scenario, r))
+                        for r in roles
+                        if seat_policies[r].player is None
+                    },
                     sample_index=g,
                 )
-                live.append(_Live(traj))
+                session = hashlib.sha1(f"{seed}/{si}/{uid}/{g}".encode()).hexdigest()
+                live.append(_Live(traj, session, seat_policies))
         done: list[Trajectory] = []
         scoring: list[tuple[Trajectory, dict[str, Future]]] = []
         bar = tqdm(total=len(live), desc="rollout", unit="dlg", disable=not progress, leave=False)
-        with ThreadPoolExecutor(max_workers=self.reward_workers) as pool:
-            while live:
-                batches = self._dispatch(live, policies)
+        with ThreadPoolExecutor(max_workers=self.reward_workers) as pool, ThreadPoolExecutor(4) as players:
+            for turn in itertools.count():
+                if not live:
+                    break
+                batches = self._dispatch(live, players, seed, turn)
                 still_live = []
-                for role, (items, refs) in batches.items():
-                    outputs = [o for chunk in ray.get(refs) for o in chunk]
+                for (role, _), (items, refs) in batches.items():
+                    if isinstance(refs, Future):
+                        outputs = refs.result()
+                    else:
+                        outputs = [o for chunk in ray.get(refs) for o in chunk]
                     for item, out in zip(items, outputs):
                         if self._apply(item, role, out):
                             still_live.append(item)
@@ -118,14 +155,26 @@ class DialogueRunner:
 
     # -- one turn ------------------------------------------------------------------------------------------------
 
-    def _dispatch(self, live: list[_Live], policies: Mapping[str, Policy]) -> dict[str, tuple[list[_Live], list]]:
-        """Group live dialogues by speaker and send every group to its engines, all in flight together."""
-        by_role: dict[str, list[_Live]] = {}
+    def _dispatch(
+        self,
+        live: list[_Live],
+        players: ThreadPoolExecutor,
+        seed: int,
+        turn: int,
+    ) -> dict[tuple[str, str], tuple[list[_Live], list | Future]]:
+        """Group live dialogues by (speaker, its policy) and send every group off, all in flight together."""
+        groups: dict[tuple[str, str], list[_Live]] = {}
         for item in live:
-            by_role.setdefault(self.env.current_role(item.traj.state), []).append(item)
-        batches = {}
-        for role, items in by_role.items():
-            engines = policies[role].engines
+            role = self.env.current_role(item.traj.state)
+            groups.setdefault((role, item.policies[role].name), []).append(item)
+        batches: dict[tuple[str, str], tuple[list[_Live], list | Future]] = {}
+        for (role, name), items in groups.items():
+            policy = items[0].policies[role]
+            if policy.player is not None:
+                future = players.submit(policy.player.respond, self.env, role, [i.traj for i in items])
+                batches[role, name] = (items, future)
+                continue
+            engines = policy.engines
             # a dialogue always goes to the same engine (its prefix cache lives there)
             shards: dict[int, list[_Live]] = {}
             for item in items:
@@ -133,23 +182,35 @@ class DialogueRunner:
             ordered, refs = [], []
             for e, shard in sorted(shards.items()):
                 prompts = [item.traj.views[role].generation_prompt() for item in shard]
-                refs.append(engines[e].generate_batch.remote(prompts, self.sampling, [i.session for i in shard]))
+                call_seed = zlib.crc32(f"{seed}/{turn}/{role}/{name}/{e}".encode())
+                sampling = {**self.sampling, "seed": call_seed}
+                refs.append(engines[e].generate_batch.remote(prompts, sampling, [i.session for i in shard]))
                 ordered += shard
-            batches[role] = (ordered, refs)
+            batches[role, name] = (ordered, refs)
         return batches
 
-    def _apply(self, item: _Live, role: str, out: dict) -> bool:
-        """Feed one generated turn to the env and the views; returns whether the dialogue goes on."""
-        traj, view = item.traj, item.traj.views[role]
-        text = view.tokenizer.decode(out["token_ids"], skip_special_tokens=True).strip()
+    def _apply(self, item: _Live, role: str, out: dict | str | None) -> bool:
+        """Feed one turn (engine output, or a player's text) to the env and the views; False when it ended."""
+        traj = item.traj
+        if out is None:  # a text player could not produce the turn (after its own retries)
+            traj.failed = True
+            self.env.abort(traj.state, COUNTERPART_FAILURE)
+            return False
+        view = traj.views.get(role)
+        if isinstance(out, str):
+            text, out = out.strip(), {"token_ids": [], "logprobs": [], "finish_reason": "stop"}
+        else:
+            text = view.tokenizer.decode(out["token_ids"], skip_special_tokens=True).strip()
         result = self.env.step(traj.state, role, text)
         if not result.valid and item.attempts < self.max_resamples:
             item.attempts += 1  # re-sample this turn; the failed attempt leaves no trace
             return True
-        view.add_own(out["token_ids"], out["logprobs"], finished=out["finish_reason"] == "stop")
+        if view is not None:
+            view.add_own(out["token_ids"], out["logprobs"], finished=out["finish_reason"] == "stop")
+        shown = self.env.counterpart_text(role, text) if hasattr(self.env, "counterpart_text") else text
         for other, other_view in traj.views.items():
             if other != role:
-                other_view.add_counterpart(text)
+                other_view.add_counterpart(shown)
         traj.turns.append(Turn(role, text, list(out["token_ids"]), list(out["logprobs"]), result.valid, item.attempts))
         item.attempts = 0
         if not result.valid:
@@ -161,6 +222,8 @@ class DialogueRunner:
 
     def _context_full(self, traj: Trajectory) -> bool:
         nxt = self.env.current_role(traj.state)
+        if nxt not in traj.views:  # a text player: its context is its own business
+            return False
         return len(traj.views[nxt].generation_prompt()) + int(self.sampling["max_new_tokens"]) > self.max_len
 
     def _score_async(self, pool: ThreadPoolExecutor, traj: Trajectory) -> dict[str, Future]:

@@ -20,6 +20,15 @@ from marti_ibrl.envs.dond.scenarios import (
     parse_lewis_line,
     rule_violations,
 )
+from marti_ibrl.envs.dond.three_party import (
+    ThreePartyAction,
+    ThreePartyDondEnv,
+    ThreePartyState,
+    format_three_party_selection,
+    format_three_party_try,
+    generate_three_party_scenarios,
+    parse_three_party,
+)
 
 __all__ = [
     "TRAINING_BOTS",
@@ -31,15 +40,22 @@ __all__ = [
     "FairNegotiator",
     "LewisRecord",
     "ScriptedNegotiator",
+    "ThreePartyAction",
+    "ThreePartyDondEnv",
+    "ThreePartyState",
     "add_dond_subparsers",
     "complement",
     "format_selection",
+    "format_three_party_selection",
+    "format_three_party_try",
     "format_try",
     "generate_scenarios",
+    "generate_three_party_scenarios",
     "is_complementary",
     "load_lewis_file",
     "make_bot",
     "parse_lewis_line",
+    "parse_three_party",
     "parse_utterance",
     "play_dialogue",
     "role_prompt",

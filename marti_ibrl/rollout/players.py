@@ -1,0 +1,451 @@
+"""Frozen text-level counterparts ("players"): seats in a dialogue filled without a token-level rollout engine.
+
+A :class:`TextPlayer` answers, for a batch of live dialogues where it is ``role``'s turn, one utterance per
+dialogue (text only: no token ids, no log-probs). It serves unilateral-RL baselines (one role trained against a
+frozen counterpart) and evaluation. Two kinds:
+
+* :class:`ScriptedBotPlayer`: a DoND scripted negotiator (:mod:`marti_ibrl.envs.dond.bots`), deterministic per
+  (seed, scenario, sample, turn), so a resumed run replays identically;
+* :class:`EndpointPlayer`: an OpenAI-compatible ``/chat/completions`` endpoint (vLLM, SGLang, TGI, hosted APIs)
+  through :class:`OpenAIChatClient`, with bounded concurrency and retries; a turn that still fails after the
+  retries is ``None``.
+
+Specs (config dicts / command-line strings) are turned into players by :func:`make_player` and
+:func:`parse_player_spec`. Checkpoints are not text players: they are served by rollout engines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+
+from marti_ibrl.envs.dond.bots import TRAINING_BOTS, ScriptedNegotiator
+from marti_ibrl.envs.dond.scenarios import DondScenario
+from marti_ibrl.rollout.dialogue import Trajectory
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EndpointPlayer",
+    "OpenAIChatClient",
+    "ScriptedBotPlayer",
+    "TextPlayer",
+    "chat_messages",
+    "make_player",
+    "parse_player_spec",
+]
+
+
+@runtime_checkable
+class TextPlayer(Protocol):
+    """A frozen counterpart producing utterances as text."""
+
+    name: str  # e.g. "bot:greedy", "endpoint:<model>"
+
+    def respond(self, env: Any, role: str, trajectories: Sequence[Trajectory]) -> list[str | None]:
+        """One utterance of ``role`` per live trajectory; ``None``: this turn could not be produced."""
+        ...
+
+
+def chat_messages(env: Any, traj: Trajectory, role: str) -> list[dict[str, str]]:
+    """OpenAI chat messages of ``traj`` so far from ``role``'s perspective.
+
+    The system message is ``env.system_prompt(scenario, role)``; ``role``'s own turns are ``assistant`` messages,
+    every other role's turns ``user`` messages (passed through ``env.counterpart_text(speaker, text)`` when the
+    environment defines it). A dialogue ``role`` opens has no user message before its first assistant message.
+    """
+    messages = [{"role": "system", "content": env.system_prompt(traj.scenario, role)}]
+    counterpart_text = getattr(env, "counterpart_text", None)
+    for turn in traj.turns:
+        if turn.role == role:
+            messages.append({"role": "assistant", "content": turn.text})
+        else:
+            text = counterpart_text(turn.role, turn.text) if counterpart_text is not None else turn.text
+            messages.append({"role": "user", "content": text})
+    return messages
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scripted DoND bots
+
+
+class ScriptedBotPlayer:
+    """A DoND scripted negotiator from :data:`marti_ibrl.envs.dond.bots.TRAINING_BOTS` in a seat.
+
+    The bot's randomness (its phrasing) comes from ``random.Random(f"{seed}/{scenario_uid}/{sample_index}/{n}")``
+    with ``n`` the number of turns so far: the same seed replays the same transcript, also after a resume.
+    """
+
+    def __init__(self, bot_name: str, seed: int = 0) -> None:
+        if bot_name not in TRAINING_BOTS:
+            raise ValueError(f"unknown scripted bot {bot_name!r}; known bots: {sorted(TRAINING_BOTS)}")
+        self.bot: ScriptedNegotiator = TRAINING_BOTS[bot_name]()
+        self.bot_name = bot_name
+        self.seed = seed
+        self.name = f"bot:{bot_name}"
+
+    def __repr__(self) -> str:
+        return f"ScriptedBotPlayer(bot_name={self.bot_name!r}, seed={self.seed})"
+
+    def respond(self, env: Any, role: str, trajectories: Sequence[Trajectory]) -> list[str | None]:
+        """The bot's next utterance in each dialogue (bots never fail, so never ``None``)."""
+        roles = list(env.roles)
+        if role not in roles:
+            raise ValueError(f"unknown role {role!r}; roles are {roles}")
+        role_index = roles.index(role)
+        out: list[str | None] = []
+        for traj in trajectories:
+            if not isinstance(traj.scenario, DondScenario):
+                raise ValueError(
+                    f"{self.name} plays Deal-or-No-Deal only; scenario {traj.scenario_uid!r} is a "
+                    f"{type(traj.scenario).__name__}"
+                )
+            history = [(roles.index(t.role), t.text) for t in traj.turns if t.valid]
+            rng = random.Random(f"{self.seed}/{traj.scenario_uid}/{traj.sample_index}/{len(traj.turns)}")
+            out.append(self.bot.respond(traj.scenario, role_index, history, rng))
+        return out
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# OpenAI-compatible endpoints
+
+_RETRIED = frozenset({"timeout", "connect", "transport", "http_429", "http_5xx", "bad_json", "empty"})
+
+
+class _Fault(Exception):
+    """One failed attempt: ``kind`` is the stats key; ``retry_after`` a server-requested delay in seconds."""
+
+    def __init__(self, kind: str, detail: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+        self.retry_after = retry_after
+
+
+def _sampling_fields(sampling: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The request fields of a sampling dict: temperature, top_p, max_new_tokens (as ``max_tokens``)."""
+    fields: dict[str, Any] = {}
+    for key, field in (("temperature", "temperature"), ("top_p", "top_p"), ("max_new_tokens", "max_tokens")):
+        if sampling is not None and sampling.get(key) is not None:
+            fields[field] = sampling[key]
+    return fields
+
+
+class OpenAIChatClient:
+    """A thread-safe client of an OpenAI-compatible ``POST {base_url}/chat/completions`` endpoint.
+
+    :meth:`complete` returns the first choice's message content, retrying faults (timeout, connection errors,
+    HTTP 429 and 5xx, a non-JSON body, missing/empty ``choices`` or a null content) up to ``max_retries`` times
+    with exponential backoff ``min(max_backoff, backoff * 2**attempt)`` and full jitter (a numeric ``Retry-After``
+    on 429/503 replaces it, capped at ``max_backoff``). Other 4xx answers are not retried. After the last attempt
+    it logs one warning and returns ``None``. ``timeout`` bounds each phase (connect, write, read) of a request.
+
+    The API key is read once from the environment variable ``api_key_env``; it never appears in ``repr``, logs or
+    exceptions. ``stats`` counts ``requests`` (attempts), ``retries``, ``failures``, ``successes`` and each fault
+    kind (``timeout``, ``connect``, ``transport``, ``http_429``, ``http_5xx``, ``http_4xx``, ``bad_json``,
+    ``empty``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str | None = None,
+        max_retries: int = 4,
+        timeout: float = 60.0,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        max_connections: int | None = None,
+    ) -> None:
+        if not base_url or not str(base_url).startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if not model:
+            raise ValueError("model must be a non-empty model name")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
+        if backoff < 0 or max_backoff < 0:
+            raise ValueError(f"backoff and max_backoff must be >= 0, got {backoff} and {max_backoff}")
+        self.base_url = str(base_url).rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.model = model
+        self.api_key_env = api_key_env
+        self.max_retries = int(max_retries)
+        self.timeout = float(timeout)
+        self.backoff = float(backoff)
+        self.max_backoff = float(max_backoff)
+
+        headers = {"Content-Type": "application/json"}
+        self._api_key: str | None = None
+        if api_key_env:
+            key = os.environ.get(api_key_env)
+            if not key:
+                raise ValueError(f"environment variable {api_key_env!r} (the API key of {model!r}) is not set")
+            self._api_key = key
+            headers["Authorization"] = f"Bearer {key}"
+        limits = httpx.Limits() if max_connections is None else httpx.Limits(max_connections=max_connections)
+        self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(self.timeout), limits=limits)
+
+        self.stats: dict[str, int] = {"requests": 0, "retries": 0, "failures": 0, "successes": 0}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._rng = random.Random()
+
+    def __repr__(self) -> str:
+        key = f"api_key_env={self.api_key_env!r}" if self.api_key_env else "no api key"
+        return f"OpenAIChatClient(url={self.url!r}, model={self.model!r}, {key})"
+
+    def _bump(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[key] = self.stats.get(key, 0) + n
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._api_key, "***") if self._api_key else text
+
+    def backoff_delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to wait before retry number ``attempt + 1`` (``attempt`` counts from 0)."""
+        if retry_after is not None:
+            return min(self.max_backoff, max(0.0, retry_after))
+        return self._rng.uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))
+
+    def _attempt(self, body: dict[str, Any]) -> str:
+        """One request: the content of the first choice, or raise :class:`_Fault`."""
+        try:
+            response = self._http.post(self.url, json=body)
+        except httpx.TimeoutException as exc:
+            raise _Fault("timeout", type(exc).__name__) from None
+        except httpx.ConnectError as exc:
+            raise _Fault("connect", f"{type(exc).__name__}: {exc}") from None
+        except httpx.TransportError as exc:
+            raise _Fault("transport", f"{type(exc).__name__}: {exc}") from None
+
+        status = response.status_code
+        if status != 200:
+            snippet = response.text[:200].replace("\n", " ")
+            retry_after = None
+            if status in (429, 503):
+                try:
+                    retry_after = float(response.headers.get("retry-after", ""))
+                except ValueError:
+                    retry_after = None
+            if status == 429:
+                raise _Fault("http_429", f"HTTP 429 {snippet}", retry_after)
+            if status >= 500:
+                raise _Fault("http_5xx", f"HTTP {status} {snippet}", retry_after)
+            raise _Fault("http_4xx", f"HTTP {status} {snippet}")  # 400/401/403/404/...: not retried
+        try:
+            payload = response.json()
+        except ValueError:
+            raise _Fault("bad_json", f"non-JSON body {response.text[:200]!r}") from None
+        if not isinstance(payload, dict):
+            raise _Fault("bad_json", f"JSON body is a {type(payload).__name__}, not an object")
+        choices = payload.get("choices")
+        if not choices or not isinstance(choices, list):
+            raise _Fault("empty", "no choices in the response")
+        first = choices[0]
+        message = first.get("message") if isinstance(first, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, str):
+            raise _Fault("empty", "the first choice has no message content")
+        return content
+
+    def complete(self, messages: Sequence[Mapping[str, str]], sampling: Mapping[str, Any] | None = None) -> str | None:
+        """The assistant's reply to ``messages``; ``None`` after ``max_retries`` retries (counted, logged)."""
+        body: dict[str, Any] = {"model": self.model, "messages": [dict(m) for m in messages]}
+        body.update(_sampling_fields(sampling))
+        fault: _Fault | None = None
+        attempts = 0
+        for attempt in range(self.max_retries + 1):
+            if self._closed.is_set():
+                fault = _Fault("closed", "the client was closed")
+                break
+            attempts += 1
+            self._bump("requests")
+            try:
+                text = self._attempt(body)
+            except _Fault as exc:
+                fault = exc
+                self._bump(exc.kind)
+                if exc.kind not in _RETRIED or attempt == self.max_retries:
+                    break
+                self._bump("retries")
+                if self._closed.wait(self.backoff_delay(attempt, exc.retry_after)):
+                    break
+                continue
+            self._bump("successes")
+            return text
+        assert fault is not None
+        self._bump("failures")
+        logger.warning(
+            "%s: no reply from model %r at %s after %d attempt(s): %s",
+            type(self).__name__,
+            self.model,
+            self.url,
+            attempts,
+            self._redact(f"{fault.kind}: {fault.detail}"),
+        )
+        return None
+
+    def close(self) -> None:
+        """Stop retrying (pending backoffs end) and close the HTTP connections."""
+        self._closed.set()
+        self._http.close()
+
+
+class EndpointPlayer:
+    """A counterpart served by an OpenAI-compatible chat endpoint.
+
+    ``sampling`` holds ``temperature`` / ``top_p`` / ``max_new_tokens``. The requests of one :meth:`respond`
+    batch run concurrently, at most ``max_concurrency`` in flight (across all callers of this player).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str | None = None,
+        sampling: dict[str, Any] | None = None,
+        max_concurrency: int = 8,
+        max_retries: int = 4,
+        timeout: float = 60.0,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.client = OpenAIChatClient(
+            base_url,
+            model,
+            api_key_env=api_key_env,
+            max_retries=max_retries,
+            timeout=timeout,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            max_connections=max_concurrency,
+        )
+        self.model = model
+        self.sampling = dict(sampling or {})
+        self.max_concurrency = int(max_concurrency)
+        self.name = f"endpoint:{model}"
+        self.stats = self.client.stats  # the same dict: requests, retries, failures, per-fault counts
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"EndpointPlayer(model={self.model!r}, base_url={self.client.base_url!r}, "
+            f"api_key_env={self.client.api_key_env!r}, max_concurrency={self.max_concurrency})"
+        )
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="endpoint-player")
+            return self._pool
+
+    def respond(self, env: Any, role: str, trajectories: Sequence[Trajectory]) -> list[str | None]:
+        """The endpoint's utterance for ``role`` in each dialogue; ``None`` where it failed after the retries."""
+        conversations = [chat_messages(env, traj, role) for traj in trajectories]
+        if not conversations:
+            return []
+        if len(conversations) == 1:
+            return [self.client.complete(conversations[0], self.sampling)]
+        pool = self._executor()
+        futures = [pool.submit(self.client.complete, messages, self.sampling) for messages in conversations]
+        return [future.result() for future in futures]
+
+    def close(self) -> None:
+        """Stop pending retries, release the worker threads and the HTTP connections."""
+        self.client.close()
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Specs
+
+_ENDPOINT_OPTIONAL = ("api_key_env", "sampling", "max_concurrency", "max_retries", "timeout", "backoff", "max_backoff")
+_SPEC_FORMS = "bot:NAME, checkpoint:PATH or endpoint:MODEL@BASE_URL[#API_KEY_ENV]"
+_ENV_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENDPOINT = re.compile(r"(?P<model>[^@]+?)@(?P<url>https?://[^#\s]+)(?:#(?P<env>[^#]*))?")
+
+
+def _check_keys(spec: Mapping[str, Any], kind: str, required: Sequence[str], optional: Sequence[str]) -> None:
+    missing = [k for k in required if spec.get(k) in (None, "")]
+    if missing:
+        raise ValueError(f"{kind} player spec is missing {missing}: {dict(spec)}")
+    unknown = sorted(set(spec) - {"kind", *required, *optional})
+    if unknown:
+        raise ValueError(f"{kind} player spec has unknown keys {unknown}; allowed: {[*required, *optional]}")
+
+
+def make_player(spec: Mapping[str, Any]) -> TextPlayer:
+    """A text player from a spec dict.
+
+    ``{"kind": "bot", "name": "greedy"[, "seed": 0]}`` or ``{"kind": "endpoint", "base_url": ..., "model": ...
+    [, "api_key_env", "sampling", "max_concurrency", "max_retries", "timeout", "backoff", "max_backoff"]}``.
+    A ``checkpoint`` spec is refused: checkpoints are served by rollout engines.
+    """
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"a player spec must be a dict, got {type(spec).__name__}: {spec!r}")
+    kind = spec.get("kind")
+    if kind == "bot":
+        _check_keys(spec, "bot", ("name",), ("seed",))
+        return ScriptedBotPlayer(str(spec["name"]), seed=int(spec.get("seed", 0)))
+    if kind == "endpoint":
+        _check_keys(spec, "endpoint", ("base_url", "model"), _ENDPOINT_OPTIONAL)
+        options = {k: spec[k] for k in _ENDPOINT_OPTIONAL if k in spec}
+        return EndpointPlayer(str(spec["base_url"]), str(spec["model"]), **options)
+    if kind == "checkpoint":
+        raise ValueError(
+            f"checkpoint {spec.get('path')!r}: checkpoints are served by rollout engines (a policy with its own "
+            "vLLM/HF engine), not by text players; use a bot or an endpoint as a text player"
+        )
+    raise ValueError(f"unknown player kind {kind!r}; known kinds: 'bot', 'endpoint' (and 'checkpoint' for engines)")
+
+
+def parse_player_spec(text: str) -> dict[str, Any]:
+    """A spec dict from a command-line string.
+
+    ``bot:greedy`` → ``{"kind": "bot", "name": "greedy"}``; ``checkpoint:/path/to/hf`` →
+    ``{"kind": "checkpoint", "path": ...}``; ``endpoint:MODEL@BASE_URL[#API_KEY_ENV]``, e.g.
+    ``endpoint:qwen-72b@http://10.0.0.5:8000/v1#MY_KEY`` → ``{"kind": "endpoint", "model": "qwen-72b",
+    "base_url": "http://10.0.0.5:8000/v1", "api_key_env": "MY_KEY"}``.
+    """
+    kind, sep, rest = str(text).strip().partition(":")
+    rest = rest.strip()
+    if not sep or not rest:
+        raise ValueError(f"bad player spec {text!r}; expected {_SPEC_FORMS}")
+    if kind == "bot":
+        return {"kind": "bot", "name": rest}
+    if kind == "checkpoint":
+        return {"kind": "checkpoint", "path": rest}
+    if kind == "endpoint":
+        match = _ENDPOINT.fullmatch(rest)
+        if match is None:
+            raise ValueError(
+                f"bad endpoint spec {text!r}; expected endpoint:MODEL@BASE_URL[#API_KEY_ENV] with an http(s) "
+                "BASE_URL, e.g. endpoint:qwen-72b@http://10.0.0.5:8000/v1#MY_KEY"
+            )
+        spec: dict[str, Any] = {"kind": "endpoint", "model": match["model"], "base_url": match["url"]}
+        env_var = match["env"]
+        if env_var is not None:
+            if not _ENV_VAR.fullmatch(env_var):
+                raise ValueError(f"bad API key environment variable name {env_var!r} in {text!r}")
+            spec["api_key_env"] = env_var
+        return spec
+    raise ValueError(f"unknown player kind {kind!r} in {text!r}; expected {_SPEC_FORMS}")
