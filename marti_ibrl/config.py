@@ -327,6 +327,14 @@ def validate(cfg: Config) -> None:
                 raise ConfigError(f"--{p}.frozen: {e}") from None
             if parsed["kind"] == "checkpoint":
                 need(Path(parsed["path"]).is_dir(), f"{p}.frozen", f"not a directory: {parsed['path']}")
+            if parsed["kind"] == "bot":  # else the typo surfaces only after Ray and the engines started
+                from marti_ibrl.envs.dond.bots import TRAINING_BOTS
+
+                need(
+                    parsed["name"] in TRAINING_BOTS,
+                    f"{p}.frozen",
+                    f"unknown scripted bot {parsed['name']!r}; known bots: {sorted(TRAINING_BOTS)}",
+                )
         if role.frozen:
             continue
         need(bool(role.pretrain), f"{p}.pretrain", f"a checkpoint path is required (or --{p}.frozen for a baseline)")

@@ -160,7 +160,9 @@ def test_each_error_names_its_flag(base: list[str], flags: list[str], prefix: st
 
 
 def test_missing_pretrain_is_named_as_a_flag(ckpt: str) -> None:
-    with pytest.raises(ConfigError, match=r"^--role2\.pretrain: a checkpoint path is required \(or --role2\.frozen") as err:
+    with pytest.raises(
+        ConfigError, match=r"^--role2\.pretrain: a checkpoint path is required \(or --role2\.frozen"
+    ) as err:
         load_config(["--role1.pretrain", ckpt])
     assert "\n" not in str(err.value)
 
@@ -212,3 +214,112 @@ def test_cli_config_error_starts_no_ray_and_imports_no_torch(ckpt: str) -> None:
     )
     res, _ = _cli("-c", code)
     assert res.stdout.strip() == "2 []", res.stdout + res.stderr
+
+
+# -- opponent pools, ablations, frozen counterparts ------------------------------------------------------------------
+
+
+def test_pool_and_ablation_defaults(base: list[str]) -> None:
+    cfg = load_config(base)
+    assert cfg.pool.probs == [0.7, 0.2, 0.1]
+    assert (cfg.pool.size, cfg.pool.eviction, cfg.pool.snapshot_every) == (4, "oldest", 1)
+    assert cfg.ablation == "none"
+    assert [r.frozen for r in cfg.roles] == [[], []]
+
+
+def test_pool_flags_are_applied(base: list[str]) -> None:
+    cfg = load_config([*base, "--pool.probs", "[0.5,0.25,0.25]", "--pool.size", "2", "--pool.eviction", "random"])
+    assert cfg.pool.probs == [0.5, 0.25, 0.25]
+    assert (cfg.pool.size, cfg.pool.eviction) == (2, "random")
+    assert load_config([*base, "--pool.probs", "[1.0,0,0]"]).pool.probs == [1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        (["--pool.probs", "[0.5,0.5]"], "expected 3 values [p_both, p_role1..p_role2]"),
+        (["--pool.probs", "[0.4,0.3,0.2,0.1]"], "expected 3 values"),
+        (["--pool.probs", "[1.2,-0.1,-0.1]"], "probabilities must be >= 0"),
+        (["--pool.probs", "[0.5,0.2,0.1]"], "must sum to 1, got 0.8"),
+        (["--pool.size", "0"], "must be >= 1"),
+        (["--pool.eviction", "lifo"], "must be oldest or random"),
+        (["--pool.snapshot_every", "0"], "must be >= 1"),
+        (["--pool.dtype", "fp16"], "must be bf16 or fp32"),
+        (["--ablation", "bogus"], "must be one of ('none', 'shared_reward', 'joint_norm', 'no_stabilization')"),
+    ],
+)
+def test_pool_and_ablation_errors_name_their_flag(base: list[str], flags: list[str], why: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config([*base, *flags])
+    msg = str(err.value)
+    assert msg.startswith(f"{flags[0]}: "), msg
+    assert why in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("ablation", ["none", "shared_reward", "joint_norm", "no_stabilization"])
+def test_every_ablation_is_accepted(base: list[str], ablation: str) -> None:
+    assert load_config([*base, "--ablation", ablation]).ablation == ablation
+
+
+def test_frozen_list_is_split_on_commas_and_needs_no_pretrain(ckpt: str) -> None:
+    cfg = load_config(["--role1.pretrain", ckpt, "--role2.frozen", "bot:greedy,bot:fair"])
+    agent1, agent2 = cfg.roles
+    assert agent2.frozen == ["bot:greedy", "bot:fair"]
+    assert agent2.pretrain is None
+    assert agent1.frozen == [] and agent1.pretrain == ckpt
+    # the default pool probs are accepted: with fewer than two trained roles the pools are unused
+    assert cfg.pool.probs == [0.7, 0.2, 0.1]
+    # brackets, spaces and the --flag=value form; empty items are dropped
+    cfg = load_config(["--role1.pretrain", ckpt, "--role2.frozen=[bot:greedy, bot:fair,]"])
+    assert cfg.roles[1].frozen == ["bot:greedy", "bot:fair"]
+
+
+def test_frozen_specs_keep_colons_slashes_at_and_hash(ckpt: str) -> None:
+    spec = "endpoint:qwen-72b@http://10.0.0.5:8000/v1#MY_KEY"
+    cfg = load_config(["--role1.pretrain", ckpt, "--role2.frozen", f"{spec},checkpoint:{ckpt},bot:stubborn"])
+    assert cfg.roles[1].frozen == [spec, f"checkpoint:{ckpt}", "bot:stubborn"]
+
+
+def test_frozen_role1_with_a_trained_role2(ckpt: str) -> None:
+    cfg = load_config(["--role1.frozen", "bot:conceder", "--role2.pretrain", ckpt])
+    assert cfg.roles[0].frozen == ["bot:conceder"] and cfg.roles[0].pretrain is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ("checkpoint:/nonexistent", "not a directory: /nonexistent"),
+        ("nonsense", "bad player spec 'nonsense'"),
+        ("bot:", "bad player spec 'bot:'"),
+        ("telepathy:x", "unknown player kind 'telepathy'"),
+        ("endpoint:model-without-url", "bad endpoint spec"),
+        ("endpoint:m@http://h:8000/v1#1BAD", "bad API key environment variable name"),
+        ("bot:nosuchbot", "unknown scripted bot 'nosuchbot'"),
+    ],
+)
+def test_bad_frozen_specs_name_the_flag(ckpt: str, spec: str, why: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(["--role1.pretrain", ckpt, "--role2.frozen", spec])
+    msg = str(err.value)
+    assert msg.startswith("--role2.frozen: "), msg
+    assert why in msg
+    assert "\n" not in msg
+
+
+def test_all_roles_frozen_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"^--roles: every role is frozen: nothing to train$"):
+        load_config(["--role1.frozen", "bot:greedy", "--role2.frozen", "bot:fair"])
+
+
+def test_frozen_role_of_three_needs_a_zero_pool_prob(ckpt: str) -> None:
+    flags = ["--env.name", "dond3", "--role1.pretrain", ckpt, "--role2.pretrain", ckpt, "--role3.frozen", "bot:greedy"]
+    cfg = load_config([*flags, "--pool.probs", "[0.7,0.2,0.1,0]"])
+    assert [r.name for r in cfg.roles] == ["agent1", "agent2", "agent3"]
+    assert cfg.roles[2].frozen == ["bot:greedy"]
+    # two roles train, so pools are live: the frozen role3 has no pool and must get probability 0
+    with pytest.raises(ConfigError, match=r"^--pool\.probs: role3 is frozen: it has no pool, so its entry \(index 3\)"):
+        load_config([*flags, "--pool.probs", "[0.7,0.1,0.1,0.1]"])
+    # the 2-role default has the wrong length for three roles
+    with pytest.raises(ConfigError, match=r"^--pool\.probs: expected 4 values"):
+        load_config(flags)

@@ -14,7 +14,6 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from test_e2e_ibrl import _same, _weights
 
 pytestmark = pytest.mark.slow
@@ -49,7 +48,9 @@ def run(tmp_path_factory):
     digests = {r: (s.weights_digest(), s.engine_digests(), s.engine_digests(s.pool_engines)) for r, s in stacks.items()}
     # make agent1's pool engines serve its newest snapshot, as a historical iteration facing agent1 would
     newest = trainer.pools["agent1"].members[-1]
-    ray.get([e.load_weights_file.remote(str(trainer.pools["agent1"].path(newest))) for e in stacks["agent1"].pool_engines])
+    ray.get(
+        [e.load_weights_file.remote(str(trainer.pools["agent1"].path(newest))) for e in stacks["agent1"].pool_engines]
+    )
     digests["agent1_pool_after_load"] = stacks["agent1"].engine_digests(stacks["agent1"].pool_engines)
     ray.shutdown()
     return tmp, trainer, history, digests

@@ -1,0 +1,266 @@
+"""Opponent pools (Eq. 6): configuration sampling frequencies, FIFO/random eviction, uniform sampling, manifests, gc."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from marti_ibrl.algorithm.pool import (
+    BOTH,
+    MANIFEST,
+    OpponentPool,
+    Snapshot,
+    configurations,
+    faces_history,
+    sample_configuration,
+)
+
+try:
+    from scipy.stats import chisquare
+except ImportError:  # pragma: no cover - scipy is in the venv; the fallback keeps the test meaningful without it
+    chisquare = None
+
+CRIT_999_2DOF = 13.816  # chi-square 99.9% quantile, 2 degrees of freedom (the fallback's acceptance bound)
+ROLES = ("agent1", "agent2")
+
+
+def _chi2(observed: list[int], probs: list[float]) -> tuple[float, float | None]:
+    """(statistic, p-value or None without scipy) of a goodness-of-fit test of ``observed`` counts against ``probs``."""
+    n = sum(observed)
+    expected = [n * p for p in probs]
+    if chisquare is not None:
+        res = chisquare(observed, expected)
+        return float(res.statistic), float(res.pvalue)
+    return sum((o - e) ** 2 / e for o, e in zip(observed, expected)), None
+
+
+def _draw_counts(roles: tuple[str, ...], probs: list[float], n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    counts = Counter(sample_configuration(rng, roles, probs) for _ in range(n))
+    assert set(counts) <= set(configurations(roles))
+    return [counts[c] for c in configurations(roles)]
+
+
+def _snap(version: int, role: str = "agent1") -> Snapshot:
+    return Snapshot(
+        role=role,
+        version=version,
+        iteration=10 * version,
+        file=f"v{version:06d}.safetensors",
+        sha256=f"{version:064x}",
+        bytes=100 + version,
+        seconds=0.5 * version,
+    )
+
+
+# -- configurations / sample_configuration ---------------------------------------------------------------------------
+
+
+def test_configurations_order_matches_pool_probs() -> None:
+    assert configurations(ROLES) == [BOTH, "agent1", "agent2"]
+    assert configurations(("a", "b", "c")) == ["both", "a", "b", "c"]
+    # the learner of configuration "agent1" faces history in agent2's seat, nobody else does
+    assert faces_history("agent1", "agent1", "agent2")
+    assert not faces_history("agent1", "agent1", "agent1")
+    assert not faces_history("agent1", "agent2", "agent1")
+    assert not faces_history(BOTH, "agent1", "agent2")
+
+
+def test_sample_configuration_matches_eq6_probabilities() -> None:
+    probs = [0.7, 0.2, 0.1]
+    observed = _draw_counts(ROLES, probs, 10_000, seed=1234)
+    stat, p = _chi2(observed, probs)
+    if p is not None:
+        assert p > 1e-3, (observed, stat, p)
+    assert stat < CRIT_999_2DOF, (observed, stat)
+    # the same draws against a wrong expectation are rejected: the test can fail
+    stat_bad, p_bad = _chi2(observed, [0.5, 0.3, 0.2])
+    if p_bad is not None:
+        assert p_bad < 1e-6, (observed, stat_bad, p_bad)
+    assert stat_bad > 100 * CRIT_999_2DOF, (observed, stat_bad)
+
+
+def test_scipy_is_available_for_the_goodness_of_fit_test() -> None:
+    # documents which branch of _chi2 runs here; the venv ships scipy
+    assert chisquare is not None
+
+
+def test_sample_configuration_three_roles_four_probs() -> None:
+    roles = ("a", "b", "c")
+    probs = [0.4, 0.3, 0.2, 0.1]
+    observed = _draw_counts(roles, probs, 10_000, seed=7)
+    _, p = _chi2(observed, probs)
+    assert p is None or p > 1e-3, observed
+    _, p_bad = _chi2(observed, [0.25, 0.25, 0.25, 0.25])
+    assert p_bad is None or p_bad < 1e-6, observed
+
+
+def test_zero_probability_configurations_are_never_drawn() -> None:
+    assert _draw_counts(ROLES, [1.0, 0.0, 0.0], 2000, seed=0) == [2000, 0, 0]
+    counts = _draw_counts(ROLES, [0.0, 0.5, 0.5], 2000, seed=0)
+    assert counts[0] == 0 and counts[1] > 0 and counts[2] > 0
+
+
+def test_sample_configuration_is_seed_deterministic() -> None:
+    def seq(seed: int) -> list[str]:
+        rng = random.Random(seed)
+        return [sample_configuration(rng, ROLES, [0.7, 0.2, 0.1]) for _ in range(200)]
+
+    assert seq(3) == seq(3)
+    assert seq(3) != seq(4)
+    assert set(seq(3)) == {BOTH, "agent1", "agent2"}
+
+
+# -- OpponentPool ----------------------------------------------------------------------------------------------------
+
+
+def test_pool_rejects_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="size must be >= 1"):
+        OpponentPool(tmp_path, "agent1", 0)
+    with pytest.raises(ValueError, match="eviction must be"):
+        OpponentPool(tmp_path, "agent1", 2, eviction="lifo")
+    pool = OpponentPool(tmp_path, "agent1", 2)
+    assert pool.dir == tmp_path / "agent1"
+    assert pool.path_for(7) == tmp_path / "agent1" / "v000007.safetensors"
+    assert pool.path(_snap(7)) == pool.path_for(7)
+
+
+def test_oldest_eviction_is_fifo(tmp_path: Path) -> None:
+    pool = OpponentPool(tmp_path, "agent1", size=2)
+    rng = random.Random(0)
+    assert pool.add(_snap(1), rng) is None
+    assert pool.add(_snap(2), rng) is None
+    assert len(pool) == 2
+    assert pool.add(_snap(3), rng) == _snap(1)
+    assert [m.version for m in pool.members] == [2, 3]
+    assert pool.add(_snap(4), rng) == _snap(2)
+    assert [m.version for m in pool.members] == [3, 4]
+
+
+def test_add_refuses_another_roles_snapshot(tmp_path: Path) -> None:
+    pool = OpponentPool(tmp_path, "agent1", size=2)
+    with pytest.raises(ValueError, match="'agent2' added to the pool of 'agent1'"):
+        pool.add(_snap(1, role="agent2"), random.Random(0))
+    assert len(pool) == 0
+
+
+def _random_evictions(seed: int, n: int = 40, size: int = 3) -> tuple[list[int], OpponentPool]:
+    pool = OpponentPool("unused", "agent1", size=size, eviction="random")
+    rng = random.Random(seed)
+    evicted = []
+    for v in range(1, n + 1):
+        out = pool.add(_snap(v), rng)
+        assert pool.members[-1].version == v  # the newest snapshot always stays
+        assert len(pool) == min(v, size)
+        if v <= size:
+            assert out is None
+        else:
+            assert out is not None and out.version != v
+            assert out.version not in {m.version for m in pool.members}
+            evicted.append(out.version)
+    return evicted, pool
+
+
+def test_random_eviction_never_evicts_the_newest_and_is_seeded() -> None:
+    evicted, pool = _random_evictions(seed=5)
+    again, pool2 = _random_evictions(seed=5)
+    assert evicted == again and pool.members == pool2.members
+    other, _ = _random_evictions(seed=6)
+    assert other != evicted
+    # not FIFO: some evictions leave an older member in the pool (FIFO would evict 1, 2, 3, ... in order)
+    assert evicted != list(range(1, len(evicted) + 1))
+    assert sorted(evicted + [m.version for m in pool.members]) == list(range(1, 41))
+
+
+def test_sample_is_uniform_over_members(tmp_path: Path) -> None:
+    pool = OpponentPool(tmp_path, "agent1", size=3)
+    rng = random.Random(0)
+    for v in (4, 5, 6):
+        pool.add(_snap(v), rng)
+    srng = random.Random(11)
+    counts = Counter(pool.sample(srng).version for _ in range(3000))
+    assert set(counts) == {4, 5, 6}
+    for v in (4, 5, 6):  # binomial sd ~ 26: +-150 is ~6 sd
+        assert abs(counts[v] - 1000) < 150, counts
+    _, p = _chi2([counts[v] for v in (4, 5, 6)], [1 / 3] * 3)
+    assert p is None or p > 1e-3, counts
+
+
+def test_sample_of_an_empty_pool_raises(tmp_path: Path) -> None:
+    pool = OpponentPool(tmp_path, "agent2", size=3)
+    with pytest.raises(LookupError, match="'agent2' is empty"):
+        pool.sample(random.Random(0))
+
+
+def _touch(pool: OpponentPool, *versions: int) -> None:
+    pool.dir.mkdir(parents=True, exist_ok=True)
+    for v in versions:
+        pool.path_for(v).write_bytes(b"x" * v)
+
+
+def test_manifest_round_trip(tmp_path: Path) -> None:
+    pool = OpponentPool(tmp_path, "agent1", size=3, eviction="random")
+    rng = random.Random(0)
+    for v in (1, 2, 3):
+        pool.add(_snap(v), rng)
+    _touch(pool, 1, 2, 3)
+    pool.write_manifest()
+    path = tmp_path / "agent1" / MANIFEST
+    assert path.is_file() and not (tmp_path / "agent1" / (MANIFEST + ".tmp")).exists()
+    on_disk = json.loads(path.read_text())
+    assert on_disk == pool.manifest()
+    assert on_disk["role"] == "agent1" and on_disk["size"] == 3 and on_disk["eviction"] == "random"
+    assert [m["version"] for m in on_disk["members"]] == [1, 2, 3]
+
+    fresh = OpponentPool(tmp_path, "agent1", size=3, eviction="random")
+    fresh.load_manifest(on_disk)
+    assert fresh.members == pool.members
+    assert fresh.manifest() == pool.manifest()
+    # sampling from the reloaded pool replays the original pool's draws
+    assert [fresh.sample(random.Random(9)) for _ in range(3)] == [pool.sample(random.Random(9)) for _ in range(3)]
+
+
+def test_load_manifest_with_a_missing_file_raises(tmp_path: Path) -> None:
+    pool = OpponentPool(tmp_path, "agent1", size=3)
+    rng = random.Random(0)
+    for v in (1, 2):
+        pool.add(_snap(v), rng)
+    _touch(pool, 1)  # v2's file is missing
+    manifest = json.loads(json.dumps(pool.manifest()))
+    fresh = OpponentPool(tmp_path, "agent1", size=3)
+    with pytest.raises(FileNotFoundError, match="v000002.safetensors"):
+        fresh.load_manifest(manifest)
+
+
+def test_load_manifest_of_another_role_raises(tmp_path: Path) -> None:
+    pool = OpponentPool(tmp_path, "agent1", size=3)
+    with pytest.raises(ValueError, match="'agent1' loaded into the pool of 'agent2'"):
+        OpponentPool(tmp_path, "agent2", size=3).load_manifest(pool.manifest())
+
+
+def test_gc_removes_only_unreferenced_snapshots(tmp_path: Path) -> None:
+    pool = OpponentPool(tmp_path, "agent1", size=2)
+    rng = random.Random(0)
+    for v in (1, 2, 3, 4, 5):
+        pool.add(_snap(v), rng)
+    assert [m.version for m in pool.members] == [4, 5]
+    _touch(pool, 1, 2, 3, 4, 5)
+    (pool.dir / "v000006.safetensors.tmp").write_bytes(b"partial")  # an interrupted write
+    pool.write_manifest()
+    (pool.dir / "notes.txt").write_text("not a snapshot")
+    removed = pool.gc(keep={"v000002.safetensors"})  # v2: referenced by a committed manifest
+    assert removed == ["v000001.safetensors", "v000003.safetensors", "v000006.safetensors.tmp"]
+    assert sorted(p.name for p in pool.dir.iterdir()) == [
+        MANIFEST,
+        "notes.txt",
+        "v000002.safetensors",
+        "v000004.safetensors",
+        "v000005.safetensors",
+    ]
+    assert pool.gc(keep={"v000002.safetensors"}) == []  # idempotent
+    assert pool.gc(keep=set()) == ["v000002.safetensors"]
+    assert all(pool.path(m).is_file() for m in pool.members)

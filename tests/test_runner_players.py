@@ -1,0 +1,263 @@
+"""``DialogueRunner`` with text players in a seat (unilateral baselines): a scripted DoND bot plays agent2 while
+agent1 is served by a seed-aware fake engine. No Ray: the engine runs in-process behind a ``.remote`` shim and the
+runner's ``ray.get`` is replaced by the identity."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import test_runner  # the tiny ChatML tokenizer fixture and the token-id helper of the Ray runner tests
+
+from marti_ibrl.envs.dond import DondEnv, DondScenario, complement, format_selection, format_try, parse_utterance
+from marti_ibrl.envs.dond.bots import all_allocations
+from marti_ibrl.rewards import env_reward
+from marti_ibrl.rollout import runner as runner_module
+from marti_ibrl.rollout.dialogue import Trajectory
+from marti_ibrl.rollout.players import ScriptedBotPlayer
+from marti_ibrl.rollout.runner import COUNTERPART_FAILURE, DialogueRunner, Policy, seats_for
+from marti_ibrl.tiny import IM_END, IM_START
+
+tok = test_runner.tok  # module-scoped fixture, re-exported so pytest finds it here
+ROLES = ("agent1", "agent2")
+MAX_NEW_TOKENS = 32
+SCENARIOS = [
+    ("s0", DondScenario(counts=(1, 2, 3), values=((4, 3, 0), (0, 2, 2)), uid="s0")),
+    ("s1", DondScenario(counts=(2, 2, 1), values=((1, 2, 4), (3, 1, 2)), uid="s1")),
+]
+N_SAMPLES = 3
+_INPUT = re.compile(r"<input> (\d+) \d+ (\d+) \d+ (\d+) \d+ </input>")
+
+
+class SeededFakeEngine:
+    """agent1's engine: confirms a counterpart ``<selection>`` with its complement (a deal), otherwise proposes a
+    ``<try>`` drawn from ``random.Random(sampling seed, session, prompt length)``: seed-aware and reproducible."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        self.calls: list[dict] = []
+        self.generate_batch = SimpleNamespace(remote=self._generate_batch)  # the Ray-handle call syntax
+
+    def _generate_batch(self, prompts: Sequence[list[int]], sampling: dict, session_ids: Sequence[str]) -> list[dict]:
+        self.calls.append({"n": len(prompts), "sampling": dict(sampling), "sessions": list(session_ids)})
+        out = []
+        for prompt, session in zip(prompts, session_ids, strict=True):
+            text = self.tok.decode(prompt, skip_special_tokens=False)
+            counts = tuple(int(c) for c in _INPUT.search(text).groups())
+            messages = text.split(IM_START)
+            assert messages[-1] == "assistant\n"
+            last = messages[-2].removesuffix("\n").removesuffix(IM_END)
+            rng = random.Random(f"{sampling['seed']}/{session}/{len(prompt)}")
+            action = parse_utterance(last.removeprefix("user\n")) if last.startswith("user\n") else None
+            if action is not None and action.kind == "selection":
+                reply = f"Deal. {format_selection(complement(counts, action.alloc))}"
+            else:
+                reply = f"I propose this. {format_try(rng.choice(all_allocations(counts)))}"
+            ids = test_runner._ids(self.tok, reply)
+            out.append(
+                {
+                    "token_ids": ids,
+                    "logprobs": [-round(rng.random(), 4) for _ in ids],
+                    "finish_reason": "stop",
+                }
+            )
+        return out  # one engine ref: ray.get(refs) yields one such list per engine
+
+
+class FlakyPlayer:
+    """A text player whose endpoint is down for one scenario: ``None`` there, a scripted bot's turn elsewhere."""
+
+    def __init__(self, down_for: str) -> None:
+        self.name = "flaky"
+        self.down_for = down_for
+        self.bot = ScriptedBotPlayer("greedy")
+
+    def respond(self, env: Any, role: str, trajectories: Sequence[Trajectory]) -> list[str | None]:
+        texts = self.bot.respond(env, role, trajectories)
+        return [None if t.scenario_uid == self.down_for else x for t, x in zip(trajectories, texts, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def no_ray():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner_module, "ray", SimpleNamespace(get=lambda refs: refs))
+        yield
+
+
+@pytest.fixture(scope="module")
+def env() -> DondEnv:
+    return DondEnv(prompt_style="compact", max_rounds=6)
+
+
+def _run(env, tok, policies_for_agent2, seed: int = 0):
+    engine = SeededFakeEngine(tok)
+    runner = DialogueRunner(
+        env,
+        reward_fns={r: env_reward(env) for r in ROLES},
+        sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": MAX_NEW_TOKENS},
+        max_len=4096,
+        max_resamples=2,
+    )
+    current = Policy("current", [engine], tok)
+    if isinstance(policies_for_agent2, Policy):
+        mapping = {"agent1": current, "agent2": policies_for_agent2}
+    else:
+        mapping = [{"agent1": current, "agent2": p} for p in policies_for_agent2]
+    trajs = runner.run(SCENARIOS, n_samples=N_SAMPLES, policies=mapping, seed=seed)
+    return trajs, engine
+
+
+def _bot(name: str) -> Policy:
+    return Policy(f"frozen:bot:{name}", player=ScriptedBotPlayer(name))
+
+
+@pytest.fixture(scope="module")
+def vs_greedy(env, tok, no_ray):
+    return _run(env, tok, _bot("greedy"), seed=0)
+
+
+def _replays_bot(env: DondEnv, traj: Trajectory, bot: str) -> bool:
+    """Whether every agent2 turn of ``traj`` is what ``bot`` says given the turns before it."""
+    player = ScriptedBotPlayer(bot)
+    for k, turn in enumerate(traj.turns):
+        if turn.role != "agent2":
+            continue
+        prefix = Trajectory(
+            scenario_uid=traj.scenario_uid,
+            scenario=traj.scenario,
+            seats=traj.seats,
+            policies=traj.policies,
+            turns=traj.turns[:k],
+            sample_index=traj.sample_index,
+        )
+        if player.respond(env, "agent2", [prefix])[0].strip() != turn.text:
+            return False
+    return True
+
+
+def test_policy_takes_engines_or_a_player_never_both(tok) -> None:
+    with pytest.raises(ValueError, match="either engines"):
+        Policy("x")
+    with pytest.raises(ValueError, match="either engines"):
+        Policy("x", [object()], tok, player=ScriptedBotPlayer("greedy"))
+
+
+def test_bot_seat_has_no_view_and_text_only_turns(vs_greedy, env) -> None:
+    trajs, _ = vs_greedy
+    assert [(t.scenario_uid, t.sample_index) for t in trajs] == [(uid, g) for uid, _ in SCENARIOS for g in range(3)]
+    for si, t in enumerate(trajs):
+        assert t.policies == {"agent1": "current", "agent2": "frozen:bot:greedy"}
+        assert t.seats == seats_for(ROLES, si // N_SAMPLES, t.sample_index)
+        assert "agent2" not in t.views and set(t.views) == {"agent1"}
+        assert not t.failed and not t.truncated
+        assert t.outcome is not None and t.outcome.info["reason"] != COUNTERPART_FAILURE
+        assert len(t.turns) >= 2
+        assert [turn.role for turn in t.turns] == [t.seats[k % 2] for k in range(len(t.turns))]
+        for turn in t.turns:
+            assert turn.valid and turn.resamples == 0
+            if turn.role == "agent2":
+                assert turn.token_ids == [] and turn.logprobs == []
+                assert turn.text and turn.text == turn.text.strip()
+                assert parse_utterance(turn.text).kind in ("try", "selection", "disagree")
+            else:
+                assert turn.token_ids and len(turn.logprobs) == len(turn.token_ids)
+        assert _replays_bot(env, t, "greedy")
+
+
+def test_agent1_view_has_the_bots_text_as_counterpart(vs_greedy, tok) -> None:
+    trajs, _ = vs_greedy
+    for t in trajs:
+        view = t.views["agent1"]
+        bot_texts = [turn.text for turn in t.turns if turn.role == "agent2"]
+        assert [m["content"] for m in view.messages if m["role"] == "user"] == bot_texts
+        own = [turn for turn in t.turns if turn.role == "agent1"]
+        assert [view.ids[s:e] for s, e in view.action_ranges] == [turn.token_ids for turn in own]
+        decoded = tok.decode(view.ids)
+        for text in bot_texts:
+            assert f"{IM_START}user\n{text}{IM_END}" in decoded
+        # the bot's tokens are context only: the action mask covers exactly agent1's generated tokens
+        assert int(view.action_mask().sum()) == sum(len(turn.token_ids) for turn in own)
+
+
+def test_deals_with_the_bot_are_scored_for_both_roles(vs_greedy) -> None:
+    trajs, _ = vs_greedy
+    deals = [t for t in trajs if t.outcome.agreed]
+    assert deals, "the greedy bot accepted none of the fake engine's offers: the scenario set is uninformative"
+    for t in trajs:
+        if t.outcome.agreed:
+            alloc = t.outcome.info["allocations"]
+            for i, role in enumerate(ROLES):
+                expected = sum(n * v for n, v in zip(alloc[role], t.scenario.values[i]))
+                assert t.rewards[role] == expected
+        else:
+            assert t.rewards == {"agent1": 0.0, "agent2": 0.0}
+
+
+def test_engine_gets_only_agent1_turns_batched_with_seeds(vs_greedy) -> None:
+    trajs, engine = vs_greedy
+    n_agent1_turns = sum(turn.role == "agent1" for t in trajs for turn in t.turns)
+    assert sum(c["n"] for c in engine.calls) == n_agent1_turns
+    assert engine.calls[0]["n"] == 3  # 6 dialogues, openers alternate: agent1 opens 3 of them
+    assert len(engine.calls) < n_agent1_turns  # batched per turn, not per dialogue
+    for c in engine.calls:
+        assert c["sampling"]["max_new_tokens"] == MAX_NEW_TOKENS
+        assert isinstance(c["sampling"]["seed"], int)
+        assert len(set(c["sessions"])) == c["n"]  # one session per dialogue
+    assert len({c["sampling"]["seed"] for c in engine.calls}) == len(engine.calls)  # a fresh seed every call
+
+
+def test_per_scenario_policies_pool_of_n(env, tok, no_ray) -> None:
+    trajs, _ = _run(env, tok, [_bot("greedy"), _bot("fair")], seed=0)
+    by_uid = {uid: [t for t in trajs if t.scenario_uid == uid] for uid, _ in SCENARIOS}
+    assert all(len(ts) == N_SAMPLES for ts in by_uid.values())
+    for t in by_uid["s0"]:
+        assert t.policies == {"agent1": "current", "agent2": "frozen:bot:greedy"}
+        assert _replays_bot(env, t, "greedy")
+    for t in by_uid["s1"]:
+        assert t.policies == {"agent1": "current", "agent2": "frozen:bot:fair"}
+        assert _replays_bot(env, t, "fair")
+        assert "agent2" not in t.views
+    # the fair bot really played s1: the greedy bot would not have said the same things
+    assert not all(_replays_bot(env, t, "greedy") for t in by_uid["s1"])
+    with pytest.raises(ValueError, match="1 policy mappings for 2 scenarios"):
+        _run(env, tok, [_bot("greedy")], seed=0)
+
+
+def test_a_failed_text_turn_ends_only_that_dialogue(env, tok, no_ray) -> None:
+    trajs, _ = _run(env, tok, Policy("frozen:flaky", player=FlakyPlayer(down_for="s1")), seed=0)
+    for t in trajs:
+        assert t.policies["agent2"] == "frozen:flaky"
+        if t.scenario_uid == "s1":
+            assert t.failed
+            assert t.outcome.info["reason"] == COUNTERPART_FAILURE
+            assert not t.outcome.agreed and not t.outcome.malformed and not t.truncated
+            assert t.rewards == {"agent1": 0.0, "agent2": 0.0}
+            # the dialogue stopped at agent2's first turn: after agent1's opener, or before any turn
+            assert [turn.role for turn in t.turns] == (["agent1"] if t.seats[0] == "agent1" else [])
+        else:
+            assert not t.failed
+            assert t.outcome.info["reason"] != COUNTERPART_FAILURE
+            assert len(t.turns) >= 2 and any(turn.role == "agent2" for turn in t.turns)
+    assert sum(t.failed for t in trajs) == N_SAMPLES
+
+
+def _signature(trajs: list[Trajectory]) -> list:
+    return [
+        (t.scenario_uid, t.sample_index, [(x.role, x.text, tuple(x.token_ids), tuple(x.logprobs)) for x in t.turns])
+        for t in trajs
+    ]
+
+
+def test_same_seed_replays_the_same_rollouts(env, tok, vs_greedy, no_ray) -> None:
+    # SeededFakeEngine samples from the call's seed and the dialogue's session, like vLLM with per-request seeds,
+    # so this checks that the runner hands the engines the same seeds and sessions for the same run seed
+    first, _ = vs_greedy
+    again, _ = _run(env, tok, _bot("greedy"), seed=0)
+    assert _signature(again) == _signature(first)
+    assert [t.views["agent1"].ids for t in again] == [t.views["agent1"].ids for t in first]
+    other, _ = _run(env, tok, _bot("greedy"), seed=1)
+    assert _signature(other) != _signature(first)
