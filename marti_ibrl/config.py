@@ -9,6 +9,7 @@ Every error is a :class:`ConfigError` naming the offending flag; no value is sil
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,11 +331,14 @@ def validate(cfg: Config) -> None:
             if parsed["kind"] == "bot":  # else the typo surfaces only after Ray and the engines started
                 from marti_ibrl.envs.dond.bots import TRAINING_BOTS
 
+                need(cfg.env.name == "dond", f"{p}.frozen", f"scripted bots play two-party dond, not {cfg.env.name}")
                 need(
                     parsed["name"] in TRAINING_BOTS,
                     f"{p}.frozen",
                     f"unknown scripted bot {parsed['name']!r}; known bots: {sorted(TRAINING_BOTS)}",
                 )
+            key_env = parsed.get("api_key_env")
+            need(not key_env or key_env in os.environ, f"{p}.frozen", f"environment variable {key_env} is not set")
         if role.frozen:
             continue
         need(bool(role.pretrain), f"{p}.pretrain", f"a checkpoint path is required (or --{p}.frozen for a baseline)")

@@ -79,9 +79,14 @@ class ScenarioSampler:
 
 
 def members(trajectories: Sequence[Trajectory], role: str) -> list[Trajectory]:
-    """The trajectories in role i's groups G_{i,q} (Eq. 4): its *current* policy acted, and no frozen
-    counterpart failed to answer (those are counted, never trained on)."""
-    return [t for t in trajectories if acted_with_current_policy(t.policies, role) and not t.failed]
+    """The trajectories in role i's groups G_{i,q} (Eq. 4): its *current* policy acted — took the seat and
+    spoke at least once (a dialogue can end before a role's first turn, e.g. the opener's malformed turn or
+    a three-party deal refused early) — and no frozen counterpart failed to answer (counted, never trained on)."""
+    return [
+        t
+        for t in trajectories
+        if acted_with_current_policy(t.policies, role) and not t.failed and t.views[role].action_ranges
+    ]
 
 
 def role_samples(scored: Sequence[tuple[Trajectory, float]], role: str, max_len: int) -> list:
@@ -213,7 +218,8 @@ class IBRLTrainer:
             )
         with timer("update"):  # Eq. 5, each role's own optimizer; roles that are not due do not step
             fit_refs = {r: self.stacks[r].fit_async(experiences[r], seed=self._seed(f"update/{r}", k)) for r in due}
-            status = {r: ray.get(refs)[0] for r, refs in fit_refs.items()}
+            status = {r: ray.get(refs)[0] for r, refs in fit_refs.items() if refs is not None}
+            due = list(status)  # a role left with less than one micro-batch per rank skipped its step
         with timer("weight_sync"):  # only updated roles re-sync their engines
             ray.get([ref for r in due for ref in self.stacks[r].sync_engines_async()])
         for r in due:

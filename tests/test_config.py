@@ -275,8 +275,11 @@ def test_frozen_list_is_split_on_commas_and_needs_no_pretrain(ckpt: str) -> None
     assert cfg.roles[1].frozen == ["bot:greedy", "bot:fair"]
 
 
-def test_frozen_specs_keep_colons_slashes_at_and_hash(ckpt: str) -> None:
+def test_frozen_specs_keep_colons_slashes_at_and_hash(ckpt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = "endpoint:qwen-72b@http://10.0.0.5:8000/v1#MY_KEY"
+    with pytest.raises(ConfigError, match=r"^--role2\.frozen: environment variable MY_KEY is not set"):
+        load_config(["--role1.pretrain", ckpt, "--role2.frozen", spec])
+    monkeypatch.setenv("MY_KEY", "sk-test")
     cfg = load_config(["--role1.pretrain", ckpt, "--role2.frozen", f"{spec},checkpoint:{ckpt},bot:stubborn"])
     assert cfg.roles[1].frozen == [spec, f"checkpoint:{ckpt}", "bot:stubborn"]
 
@@ -313,10 +316,21 @@ def test_all_roles_frozen_is_an_error() -> None:
 
 
 def test_frozen_role_of_three_needs_a_zero_pool_prob(ckpt: str) -> None:
-    flags = ["--env.name", "dond3", "--role1.pretrain", ckpt, "--role2.pretrain", ckpt, "--role3.frozen", "bot:greedy"]
+    flags = [
+        "--env.name",
+        "dond3",
+        "--role1.pretrain",
+        ckpt,
+        "--role2.pretrain",
+        ckpt,
+        "--role3.frozen",
+        f"checkpoint:{ckpt}",
+    ]
     cfg = load_config([*flags, "--pool.probs", "[0.7,0.2,0.1,0]"])
     assert [r.name for r in cfg.roles] == ["agent1", "agent2", "agent3"]
-    assert cfg.roles[2].frozen == ["bot:greedy"]
+    assert cfg.roles[2].frozen == [f"checkpoint:{ckpt}"]
+    with pytest.raises(ConfigError, match=r"^--role3\.frozen: scripted bots play two-party dond, not dond3"):
+        load_config([*flags[:-1], "bot:greedy", "--pool.probs", "[0.7,0.2,0.1,0]"])
     # two roles train, so pools are live: the frozen role3 has no pool and must get probability 0
     with pytest.raises(ConfigError, match=r"^--pool\.probs: role3 is frozen: it has no pool, so its entry \(index 3\)"):
         load_config([*flags, "--pool.probs", "[0.7,0.1,0.1,0.1]"])

@@ -11,6 +11,7 @@ test allows 1e-6 (fp32) to stay robust to BLAS reduction order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -62,10 +63,8 @@ def _committed(run_dir: Path) -> int:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # Ray's local processes die with their driver; be sure
-    except ProcessLookupError:
-        pass
 
 
 @pytest.fixture(scope="module")

@@ -75,6 +75,36 @@ class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
         """sha256 over the (gathered) parameters, identical on every rank; for tests and logs."""
         return params_digest(self._gathered_parameters())
 
+    def prepare_update(self, seed: int) -> int:
+        """Size this update to the samples the role actually has, and seed it; returns the accumulation steps.
+
+        A role's sample count varies (opponent pools, failed counterparts, dialogues ending before the role
+        spoke), while DeepSpeed's gradient accumulation is fixed at start-up: a short update would leave a
+        partial accumulation window that DeepSpeed steps only during the *next* iteration. So every update is
+        exactly ``max_epochs`` optimizer steps over this iteration's samples: accumulation = the micro-batches
+        every rank has (the smallest count across ranks; extras dropped at random), counted from a fresh window.
+        """
+        buffer = self.trainer.replay_buffer
+        engine = self.actor.model
+        micro = self.strategy.args.train.micro_batch_size
+        from deepspeed.accelerator import get_accelerator
+
+        n = torch.tensor([len(buffer.items)], dtype=torch.long, device=get_accelerator().current_device_name())
+        torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MIN)
+        gas = int(n.item()) // micro
+        self.reseed(seed)
+        if gas == 0:
+            buffer.clear()
+            return 0
+        import random
+
+        keep = sorted(random.sample(range(len(buffer.items)), gas * micro))
+        buffer.items = [buffer.items[i] for i in keep]
+        engine.set_train_batch_size(gas * micro * engine.dp_world_size)
+        engine.micro_steps = 0
+        self.strategy.accumulated_gradient = gas
+        return gas
+
     def reseed(self, seed: int) -> None:
         """Seed this rank's RNGs (the update's data shuffling), so a resumed run replays the same update."""
         import random
@@ -312,9 +342,11 @@ class RoleStack:
         self.maker.precomputed_advantages = precomputed_advantages
         return self.maker.make_experience_batch(samples)
 
-    def fit_async(self, experiences: list, seed: int) -> list:
+    def fit_async(self, experiences: list, seed: int) -> list | None:
+        """Start the role's update (refs to its status), or None when it has too few samples for one micro-batch."""
         ray.get(self.actor.async_run_method_batch(method_name="append", experience=experiences))
-        ray.get(self.actor.async_run_method(method_name="reseed", seed=seed))
+        if not min(ray.get(self.actor.async_run_method(method_name="prepare_update", seed=seed))):
+            return None
         return self.actor.async_run_method(method_name="fit", kl_ctl=self.role.kl_coef)
 
     def export_weights_async(self, path: str, dtype: str) -> list:

@@ -1,0 +1,105 @@
+"""End to end: unilateral RL (paper §5) — agent1 trains, agent2 is frozen.
+
+agent2's seat is played by a pool of three frozen counterparts, one sampled per scenario (pool-of-N,
+§5.4): a scripted bot, a checkpoint served by its own rollout engine, and an OpenAI-compatible endpoint
+(a real HTTP server on 127.0.0.1 that always answers "<disagree>"). Only agent1 has a DeepSpeed actor.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+from test_e2e_ibrl import _same, _weights
+
+pytestmark = pytest.mark.slow
+
+
+class _Chat(BaseHTTPRequestHandler):
+    requests: list[dict] = []
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Chat.requests.append({"body": body, "auth": self.headers.get("Authorization")})
+        reply = {"choices": [{"message": {"role": "assistant", "content": "Not for me. <disagree>"}}]}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    import os
+
+    import ray
+
+    from marti_ibrl.config import load_config
+    from marti_ibrl.tiny import build_tiny_dond_model
+    from marti_ibrl.trainer import IBRLTrainer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    os.environ["E2E_ENDPOINT_KEY"] = "sk-e2e"
+    tmp = tmp_path_factory.mktemp("unilateral")
+    model = build_tiny_dond_model(tmp / "tiny")
+    endpoint = f"endpoint:scripted@http://127.0.0.1:{server.server_port}/v1#E2E_ENDPOINT_KEY"
+    cfg = load_config(
+        [
+            *("--role1.pretrain", model, "--role1.lr", "5e-3", "--role1.kl_coef", "0"),
+            *("--role1.reward_fn", "test_e2e_ibrl:toy_reward"),
+            *("--role2.frozen", f"bot:greedy,checkpoint:{model},{endpoint}"),
+            *("--env.prompt_style", "compact", "--env.max_rounds", "2"),
+            *("--rollout.batch_size", "6", "--rollout.n_samples_per_prompt", "2"),
+            *("--rollout.max_new_tokens", "12", "--rollout.max_len", "384", "--rollout.micro_batch_size", "4"),
+            *("--train.micro_batch_size", "4", "--train.iterations", "2"),
+            *("--ckpt.path", str(tmp / "run"), "--ckpt.save_steps", "1", "--ray.log_to_driver", "false"),
+        ]
+    )
+    trainer = IBRLTrainer(cfg)
+    history = trainer.fit()
+    ray.shutdown()
+    server.shutdown()
+    return tmp, trainer, history
+
+
+def test_only_the_trained_role_has_a_stack(run):
+    tmp, trainer, history = run
+    assert list(trainer.stacks) == ["agent1"]
+    assert not (tmp / "run" / "agent2").exists()
+    assert [m["agent1/updated"] for m in history] == [1.0, 1.0]
+    assert [m["agent2/updated"] for m in history] == [0.0, 0.0]
+    init = {k: v.to(torch.bfloat16).float() for k, v in _weights(tmp / "tiny").items()}
+    assert not _same(_weights(tmp / "run" / "agent1" / "hf"), init)
+
+
+def test_counterparts_sampled_per_scenario(run):
+    _, trainer, history = run
+    names = {"frozen:bot:greedy", "frozen:checkpoint:", "frozen:endpoint:"}
+    seen = set()
+    for entry in trainer.rollout_log:
+        assert entry["configuration"] == "both" and entry["opponents"]["agent1"] == "current"
+        for name in entry["opponents"]["agent2"].split(","):
+            seen.add(next(n for n in names if name.startswith(n)))
+    assert seen == names  # 12 scenario draws over 3 counterparts: each one played
+    assert all(m["agent2/current_share"] == 0.0 and m["agent1/current_share"] == 1.0 for m in history)
+
+
+def test_endpoint_was_called_with_the_role_view(run):
+    _, _, history = run
+    assert _Chat.requests, "the endpoint counterpart never played"
+    first = _Chat.requests[0]
+    assert first["auth"] == "Bearer sk-e2e"
+    assert first["body"]["model"] == "scripted" and first["body"]["max_tokens"] == 12
+    assert (
+        first["body"]["messages"][0]["role"] == "system" and "agent" not in first["body"]["messages"][0]["content"][:0]
+    )
+    assert all(m["rollout/failed"] == 0.0 for m in history)
