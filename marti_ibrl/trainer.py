@@ -206,7 +206,8 @@ class IBRLTrainer:
             trajectories = self.runner.run(
                 scenarios, cfg.rollout.n_samples_per_prompt, seats, progress=True, seed=self._seed("rollout", k)
             )
-        self.finish_snapshots()  # the previous iteration's exports ran alongside the rollout
+        with timer("snapshot_wait"):  # the previous iteration's exports ran alongside the rollout
+            self.finish_snapshots()
         scored = self.training_rewards(trajectories)  # Eq. 4 membership; R_i (or an ablation's reward)
         schedule = roles_due(k, {r.name: r.update_every for r in cfg.roles if not r.frozen})  # u_i(k), §4.2
         due = [r for r in schedule if scored[r]]  # a role facing nobody as its current self has nothing to learn

@@ -147,3 +147,36 @@ def test_other_ablations_leave_the_config_alone(ablation: str) -> None:
     out, lines = resolve(cfg)
     assert out is cfg and lines == []
     assert out.pool.probs == [0.7, 0.2, 0.1] and out.roles[1].update_every == 3
+
+
+def test_joint_norm_advantages_pass_through_the_role_experience_maker() -> None:
+    """joint_norm: the driver's joint advantages reach the loss unchanged (no per-role baseline on top)."""
+    from openrlhf.trainer.ppo_utils.experience import Experience
+    from test_advantages import _maker
+
+    from marti_ibrl.backend.openrlhf_glue import IsolatedExperienceMaker
+
+    samples = [("agent1", "q", 1.0), ("agent1", "q", 3.0), ("agent2", "q", 10.0), ("agent2", "q", 14.0)]
+    joint = joint_normalized_advantages(samples)
+    base = _maker("group_norm", 2)
+    maker = IsolatedExperienceMaker.__new__(IsolatedExperienceMaker)
+    maker.__dict__.update(base.__dict__)
+
+    def exps():  # agent1's two samples, as its stack builds them
+        return [
+            Experience(
+                action_mask=torch.tensor([[0, 1, 1]]),
+                kl=torch.zeros(1, 3),
+                rewards=torch.tensor([r]),
+                group_ids=["agent1/q"],
+                info={},
+            )
+            for r in joint[:2]
+        ]
+
+    maker.precomputed_advantages = True
+    out = maker.compute_advantages_and_returns(exps())
+    assert [e.advantages[0, -1].item() for e in out] == pytest.approx(joint[:2], abs=1e-6)
+    maker.precomputed_advantages = False  # the default path re-normalises within agent1's own group: ±1/√2
+    out = maker.compute_advantages_and_returns(exps())
+    assert [e.advantages[0, -1].item() for e in out] == pytest.approx([-(0.5**0.5), 0.5**0.5], abs=1e-5)

@@ -18,7 +18,7 @@ from marti_ibrl.envs.dond import DondEnv, generate_scenarios
 from marti_ibrl.rollout.dialogue import Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
 from marti_ibrl.tiny import build_tiny_model, dond_corpus
-from marti_ibrl.trainer import role_samples
+from marti_ibrl.trainer import members, role_samples
 
 ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")
 
@@ -288,10 +288,12 @@ def test_role_samples_membership_groups_rewards_and_masks(tok) -> None:
         _trajectory(tok, env, s1, "q1", {"agent1": "frozen:bot", "agent2": "current"}, {"agent1": 0, "agent2": 2}, 1),
     ]
     expected = {"agent1": [0, 1], "agent2": [0, 2, 3]}
-    for role, members in expected.items():
-        samples = role_samples(trajs, role, max_len=4096)
-        assert len(samples) == len(members)
-        for exp, t_index in zip(samples, members):
+    for role, member_index in expected.items():
+        chosen = members(trajs, role)
+        assert chosen == [trajs[i] for i in member_index]
+        samples = role_samples([(t, t.rewards[role]) for t in chosen], role, max_len=4096)
+        assert len(samples) == len(member_index)
+        for exp, t_index in zip(samples, member_index):
             traj = trajs[t_index]
             assert exp.group_ids == [f"{role}/{traj.scenario_uid}"]
             assert exp.rewards.tolist() == [float(traj.rewards[role])]
@@ -311,3 +313,20 @@ def test_role_samples_membership_groups_rewards_and_masks(tok) -> None:
             lps = exp.rollout_log_probs[0]
             assert lps[mask].tolist() == pytest.approx([x for t in traj.turns if t.role == role for x in t.logprobs])
             assert lps[~mask].abs().sum().item() == 0.0
+
+
+def test_members_exclude_failed_dialogues_and_roles_that_never_spoke(tok) -> None:
+    env = DondEnv(prompt_style="compact")
+    (s0,) = generate_scenarios(1, seed=5)
+    both = {"agent1": "current", "agent2": "current"}
+    full = _trajectory(tok, env, s0, "q0", both, {"agent1": 1, "agent2": 2}, 0)
+    failed = _trajectory(tok, env, s0, "q0", both, {"agent1": 1, "agent2": 2}, 0)
+    failed.failed = True  # a frozen endpoint gave up mid-dialogue: counted, never trained on
+    views = {r: RoleView(tok, env.system_prompt(s0, r)) for r in env.roles}
+    short = Trajectory("q0", s0, ["agent1", "agent2"], dict(both), views=views, rewards={"agent1": -1, "agent2": 0})
+    ids = list(tok(UTTERANCES[0], add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
+    views["agent1"].add_own(ids, None, finished=True)  # agent1 opened (malformed, say); agent2 never spoke
+    views["agent2"].add_counterpart(UTTERANCES[0])
+    trajs = [full, failed, short]
+    assert members(trajs, "agent1") == [full, short]
+    assert members(trajs, "agent2") == [full]
