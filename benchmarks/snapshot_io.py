@@ -14,13 +14,14 @@ what is left of it (``timing/snapshot_wait``).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import tempfile
 import time
 
 import torch
 from safetensors.torch import save_file
+
+from marti_ibrl.algorithm.pool import file_sha256
 
 PARAMS = {"Qwen3.5-4B (≈4.0e9 params)": 4.0e9, "Qwen3.5-9B (≈9.0e9 params)": 9.0e9}
 
@@ -42,10 +43,7 @@ def snapshot(state: dict[str, torch.Tensor], path: str) -> None:
     """The export's disk path: save to .tmp, sha256 the file, rename."""
     tmp = path + ".tmp"
     save_file(state, tmp)
-    h = hashlib.sha256()
-    with open(tmp, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
+    file_sha256(tmp)
     os.replace(tmp, path)
 
 

@@ -32,6 +32,20 @@ def _same(a: dict, b: dict) -> bool:
     return all(torch.equal(a[k], b[k]) for k in a)
 
 
+def tiny_flags(model: str, run_dir, iterations: int) -> list[str]:
+    """The two-role tiny-model run the end-to-end tests share: 2 scenarios × G=2, 2 rounds, toy rewards."""
+    return [
+        *("--role1.pretrain", model, "--role2.pretrain", model),
+        *("--role1.reward_fn", "test_e2e_ibrl:toy_reward", "--role2.reward_fn", "test_e2e_ibrl:toy_reward"),
+        *("--role1.lr", "5e-3", "--role2.lr", "5e-3"),
+        *("--env.prompt_style", "compact", "--env.max_rounds", "2"),
+        *("--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2"),
+        *("--rollout.max_new_tokens", "12", "--rollout.max_len", "384", "--rollout.micro_batch_size", "2"),
+        *("--train.micro_batch_size", "2", "--train.iterations", str(iterations)),
+        *("--ckpt.path", str(run_dir), "--ckpt.save_steps", "1"),
+    ]
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     import ray
@@ -42,18 +56,7 @@ def run(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("e2e")
     model = build_tiny_dond_model(tmp / "tiny")
-    cfg = load_config(
-        [
-            *("--role1.pretrain", model, "--role2.pretrain", model),
-            *("--role1.reward_fn", "test_e2e_ibrl:toy_reward", "--role2.reward_fn", "test_e2e_ibrl:toy_reward"),
-            *("--role1.lr", "5e-3", "--role2.lr", "5e-3", "--role2.update_every", "2"),
-            *("--env.prompt_style", "compact", "--env.max_rounds", "2"),
-            *("--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2"),
-            *("--rollout.max_new_tokens", "12", "--rollout.max_len", "384", "--rollout.micro_batch_size", "2"),
-            *("--train.micro_batch_size", "2", "--train.iterations", "3"),
-            *("--ckpt.path", str(tmp / "run"), "--ckpt.save_steps", "1"),
-        ]
-    )
+    cfg = load_config([*tiny_flags(model, tmp / "run", 3), "--role2.update_every", "2"])
     trainer = IBRLTrainer(cfg)
     history = trainer.fit()
     digests = {r: (s.weights_digest(), s.engine_digests()) for r, s in trainer.stacks.items()}

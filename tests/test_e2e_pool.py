@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_e2e_ibrl import _same, _weights
+from test_e2e_ibrl import _same, _weights, tiny_flags
 
 pytestmark = pytest.mark.slow
 
@@ -31,15 +31,9 @@ def run(tmp_path_factory):
     model = build_tiny_dond_model(tmp / "tiny")
     cfg = load_config(
         [
-            *("--role1.pretrain", model, "--role2.pretrain", model),
-            *("--role1.reward_fn", "test_e2e_ibrl:toy_reward", "--role2.reward_fn", "test_e2e_ibrl:toy_reward"),
-            *("--role1.lr", "5e-3", "--role2.lr", "5e-3", "--role1.kl_coef", "0", "--role2.kl_coef", "0"),
-            *("--env.prompt_style", "compact", "--env.max_rounds", "2"),
-            *("--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2"),
-            *("--rollout.max_new_tokens", "12", "--rollout.max_len", "384", "--rollout.micro_batch_size", "2"),
-            *("--train.micro_batch_size", "2", "--train.iterations", "3"),
+            *tiny_flags(model, tmp / "run", 3),
+            *("--role1.kl_coef", "0", "--role2.kl_coef", "0", "--ray.log_to_driver", "false"),
             *("--pool.probs", "[0,1,0]", "--pool.size", "2"),
-            *("--ckpt.path", str(tmp / "run"), "--ckpt.save_steps", "1", "--ray.log_to_driver", "false"),
         ]
     )
     trainer = IBRLTrainer(cfg)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_e2e_ibrl import _weights
+from test_e2e_ibrl import _weights, tiny_flags
 
 pytestmark = pytest.mark.slow
 
@@ -32,16 +32,10 @@ TOLERANCE = 1e-6
 
 def _args(model: str, run_dir: Path) -> list[str]:
     return [
-        *("--role1.pretrain", model, "--role2.pretrain", model),
-        *("--role1.reward_fn", "test_e2e_ibrl:toy_reward", "--role2.reward_fn", "test_e2e_ibrl:toy_reward"),
-        *("--role1.lr", "5e-3", "--role2.lr", "5e-3", "--role2.update_every", "2"),
-        *("--role1.kl_coef", "0", "--role2.kl_coef", "0"),
-        *("--env.prompt_style", "compact", "--env.max_rounds", "2"),
-        *("--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2"),
-        *("--rollout.max_new_tokens", "12", "--rollout.max_len", "384", "--rollout.micro_batch_size", "2"),
-        *("--train.micro_batch_size", "2", "--train.iterations", "4", "--train.device", "cpu"),
+        *tiny_flags(model, run_dir, 4),
+        *("--role2.update_every", "2", "--role1.kl_coef", "0", "--role2.kl_coef", "0"),
+        *("--train.device", "cpu", "--ray.log_to_driver", "false"),
         *("--pool.probs", "[0.4,0.3,0.3]", "--pool.size", "2"),
-        *("--ckpt.path", str(run_dir), "--ckpt.save_steps", "1", "--ray.log_to_driver", "false"),
     ]
 
 

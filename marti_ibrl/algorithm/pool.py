@@ -19,6 +19,7 @@ or current manifest references are garbage-collected, so a resumed run finds exa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Sequence
@@ -42,6 +43,15 @@ def sample_configuration(rng: random.Random, roles: Sequence[str], probs: Sequen
 def faces_history(configuration: str, role: str, other: str) -> bool:
     """Whether ``other``'s seat is played by a historical checkpoint when ``role`` is the learner facing history."""
     return configuration == role and other != role
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a snapshot file, as recorded in the manifest (``sha256sum`` gives the same)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 @dataclass

@@ -121,11 +121,12 @@ class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
         Written to ``path.tmp`` and renamed, so a half-written snapshot never has the final name.
         Returns {sha256, bytes, seconds} on rank 0, None elsewhere.
         """
-        import hashlib
         import os
         import time
 
         from safetensors.torch import save_file
+
+        from marti_ibrl.algorithm.pool import file_sha256
 
         start = time.perf_counter()
         rank0 = torch.distributed.get_rank() == 0
@@ -138,12 +139,9 @@ class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
             return None
         tmp = path + ".tmp"
         save_file(tensors, tmp)
-        h = hashlib.sha256()
-        with open(tmp, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                h.update(chunk)
+        sha256 = file_sha256(tmp)
         os.replace(tmp, path)
-        return {"sha256": h.hexdigest(), "bytes": os.path.getsize(path), "seconds": time.perf_counter() - start}
+        return {"sha256": sha256, "bytes": os.path.getsize(path), "seconds": time.perf_counter() - start}
 
 
 RolePolicyActor = ray.remote(num_gpus=1)(RolePolicyActorBase)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from marti_ibrl.envs.base import Outcome, TurnResult
 from marti_ibrl.envs.dond.prompts import role_prompt
@@ -73,7 +74,75 @@ class DondState:
         return self.seats[self.n_turns % len(self.seats)]
 
 
-class DondEnv:
+class DondRules:
+    """How a DoND dialogue ends and is scored, shared by the two- and three-party games: malformed
+    endings, aborts, the outcome (utilities on a deal) and the rule reward. Subclasses provide ``roles``,
+    ``invalid_penalty`` and ``step``; their states carry ``done/agreed/reason/malformed/fault_role/
+    selections/n_turns/n_tries`` and ``next_role``."""
+
+    roles: tuple[str, ...]
+    invalid_penalty: float
+
+    def finish_malformed(self, state: Any, role: str) -> None:
+        """End without a deal because ``role``'s turn stayed malformed; ``role`` takes the invalid penalty."""
+        self._index(role)
+        if state.done:
+            raise ValueError("the dialogue is already over")
+        state.malformed = True
+        state.fault_role = role
+        self._end(state, agreed=False, reason=MALFORMED)
+
+    def abort(self, state: Any, reason: str) -> None:
+        """End without a deal for a reason outside the game (e.g. the context limit); nobody is at fault."""
+        if not state.done:
+            self._end(state, agreed=False, reason=reason)
+
+    def outcome(self, state: Any) -> Outcome:
+        """Agreement, utilities per role (0 without a deal) and details of a finished dialogue."""
+        if not state.done:
+            raise ValueError("the dialogue is not over yet")
+        utilities: dict[str, float] = {}
+        for i, role in enumerate(self.roles):
+            alloc = state.selections.get(role)
+            utilities[role] = float(utility(alloc, state.scenario.values[i])) if state.agreed and alloc else 0.0
+        return Outcome(
+            agreed=state.agreed,
+            malformed=state.malformed,
+            utilities=utilities,
+            info={
+                "allocations": {r: list(a) for r, a in state.selections.items()} if state.agreed else {},
+                "selections": {r: list(a) for r, a in state.selections.items()},
+                "n_turns": state.n_turns,
+                "n_tries": state.n_tries,
+                "reason": state.reason,
+                "fault_role": state.fault_role,
+            },
+        )
+
+    def reward(self, state: Any, role: str) -> float:
+        """Utility on a deal, else 0; plus ``invalid_penalty`` for the role at fault in a malformed ending."""
+        value = self.outcome(state).utilities[role]
+        if state.malformed and state.fault_role == role:
+            value += self.invalid_penalty
+        return value
+
+    def current_role(self, state: Any) -> str:
+        """Whose turn it is (seats alternate)."""
+        return state.next_role
+
+    def _index(self, role: str) -> int:
+        if role not in self.roles:
+            raise ValueError(f"unknown role {role!r}; roles are {list(self.roles)}")
+        return self.roles.index(role)
+
+    @staticmethod
+    def _end(state: Any, agreed: bool, reason: str) -> None:
+        state.done = True
+        state.agreed = agreed
+        state.reason = reason
+
+
+class DondEnv(DondRules):
     """Two-party Deal-or-No-Deal implementing :class:`marti_ibrl.envs.base.DialogueEnv`.
 
     ``scenario.values[i]`` is the private value vector of ``roles[i]``, independently of the seating order.
@@ -158,63 +227,7 @@ class DondEnv:
             self._end(state, agreed=False, reason=TURN_LIMIT)
         return TurnResult(valid=True, done=state.done, reason=state.reason)
 
-    def finish_malformed(self, state: DondState, role: str) -> None:
-        """End without a deal because ``role``'s turn stayed malformed; ``role`` takes the invalid penalty."""
-        self._index(role)
-        if state.done:
-            raise ValueError("the dialogue is already over")
-        state.malformed = True
-        state.fault_role = role
-        self._end(state, agreed=False, reason=MALFORMED)
-
-    def abort(self, state: DondState, reason: str) -> None:
-        """End without a deal for a reason outside the game (e.g. the context limit); nobody is at fault."""
-        if not state.done:
-            self._end(state, agreed=False, reason=reason)
-
-    def outcome(self, state: DondState) -> Outcome:
-        """Agreement, utilities per role (0 without a deal) and details of a finished dialogue."""
-        if not state.done:
-            raise ValueError("the dialogue is not over yet")
-        utilities: dict[str, float] = {}
-        for i, role in enumerate(self.roles):
-            alloc = state.selections.get(role)
-            utilities[role] = float(utility(alloc, state.scenario.values[i])) if state.agreed and alloc else 0.0
-        return Outcome(
-            agreed=state.agreed,
-            malformed=state.malformed,
-            utilities=utilities,
-            info={
-                "allocations": {r: list(a) for r, a in state.selections.items()} if state.agreed else {},
-                "selections": {r: list(a) for r, a in state.selections.items()},
-                "n_turns": state.n_turns,
-                "n_tries": state.n_tries,
-                "reason": state.reason,
-                "fault_role": state.fault_role,
-            },
-        )
-
-    def reward(self, state: DondState, role: str) -> float:
-        """Utility on a deal, else 0; plus ``invalid_penalty`` for the role at fault in a malformed ending."""
-        value = self.outcome(state).utilities[role]
-        if state.malformed and state.fault_role == role:
-            value += self.invalid_penalty
-        return value
-
-    # -- helpers -------------------------------------------------------------------------------------------------
-
-    def current_role(self, state: DondState) -> str:
-        """Whose turn it is (seats alternate)."""
-        return state.next_role
-
-    def _index(self, role: str) -> int:
-        if role not in self.roles:
-            raise ValueError(f"unknown role {role!r}; roles are {list(self.roles)}")
-        return self.roles.index(role)
-
     @staticmethod
     def _end(state: DondState, agreed: bool, reason: str) -> None:
-        state.done = True
-        state.agreed = agreed
-        state.reason = reason
+        DondRules._end(state, agreed, reason)
         state.pending_selection = None

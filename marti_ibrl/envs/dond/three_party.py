@@ -35,8 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from marti_ibrl.envs.base import Outcome, TurnResult
-from marti_ibrl.envs.dond.game import DEAL, DISAGREE, MALFORMED, MISMATCH, NO_TRY, TURN_LIMIT, utility
+from marti_ibrl.envs.base import TurnResult
+from marti_ibrl.envs.dond.game import DEAL, DISAGREE, MISMATCH, NO_TRY, TURN_LIMIT, DondRules
 from marti_ibrl.envs.dond.prompts import lewis_input, parsed_input
 from marti_ibrl.envs.dond.protocol import _MARKER
 from marti_ibrl.envs.dond.scenarios import (
@@ -182,7 +182,7 @@ class ThreePartyState:
         return self.seats[self.n_turns % len(self.seats)]
 
 
-class ThreePartyDondEnv:
+class ThreePartyDondEnv(DondRules):
     """Three-party DoND implementing :class:`marti_ibrl.envs.base.DialogueEnv`; ``values[i]`` belongs to ``roles[i]``."""
 
     def __init__(
@@ -233,10 +233,6 @@ class ThreePartyDondEnv:
             raise ValueError(f"scenario has {len(scenario.values)} value vectors for 3 roles")
         return ThreePartyState(scenario=scenario, seats=seats)
 
-    def current_role(self, state: ThreePartyState) -> str:
-        """Whose turn it is (round-robin over the seats)."""
-        return state.next_role
-
     def step(self, state: ThreePartyState, role: str, text: str) -> TurnResult:
         """Apply ``role``'s utterance; an invalid one leaves ``state`` untouched."""
         if state.done:
@@ -273,58 +269,3 @@ class ThreePartyDondEnv:
         if not state.done and state.n_turns >= self.max_turns:
             self._end(state, agreed=False, reason=TURN_LIMIT)
         return TurnResult(valid=True, done=state.done, reason=state.reason)
-
-    def finish_malformed(self, state: ThreePartyState, role: str) -> None:
-        """End without a deal because ``role``'s turn stayed malformed; ``role`` takes the invalid penalty."""
-        self._index(role)
-        if state.done:
-            raise ValueError("the dialogue is already over")
-        state.malformed = True
-        state.fault_role = role
-        self._end(state, agreed=False, reason=MALFORMED)
-
-    def abort(self, state: ThreePartyState, reason: str) -> None:
-        """End without a deal for a reason outside the game (e.g. the context limit); nobody is at fault."""
-        if not state.done:
-            self._end(state, agreed=False, reason=reason)
-
-    def outcome(self, state: ThreePartyState) -> Outcome:
-        """Agreement, utilities per role (0 without a deal) and details; ``info`` has DondEnv's keys."""
-        if not state.done:
-            raise ValueError("the dialogue is not over yet")
-        utilities = {
-            role: float(utility(state.selections[role], state.scenario.values[i])) if state.agreed else 0.0
-            for i, role in enumerate(self.roles)
-        }
-        selections = {r: list(a) for r, a in state.selections.items()}
-        return Outcome(
-            agreed=state.agreed,
-            malformed=state.malformed,
-            utilities=utilities,
-            info={
-                "allocations": selections if state.agreed else {},
-                "selections": selections,
-                "n_turns": state.n_turns,
-                "n_tries": state.n_tries,
-                "reason": state.reason,
-                "fault_role": state.fault_role,
-            },
-        )
-
-    def reward(self, state: ThreePartyState, role: str) -> float:
-        """Utility on a deal, else 0; plus ``invalid_penalty`` for the role at fault in a malformed ending."""
-        value = self.outcome(state).utilities[role]
-        if state.malformed and state.fault_role == role:
-            value += self.invalid_penalty
-        return value
-
-    def _index(self, role: str) -> int:
-        if role not in self.roles:
-            raise ValueError(f"unknown role {role!r}; roles are {list(self.roles)}")
-        return self.roles.index(role)
-
-    @staticmethod
-    def _end(state: ThreePartyState, agreed: bool, reason: str) -> None:
-        state.done = True
-        state.agreed = agreed
-        state.reason = reason

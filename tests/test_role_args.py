@@ -1,0 +1,52 @@
+"""Each role's OpenRLHF args and the device slots the job asks Ray for (no Ray, no models)."""
+
+from __future__ import annotations
+
+import pytest
+
+from marti_ibrl.backend.openrlhf_glue import device_slots, role_args, uses_pool
+from marti_ibrl.config import load_config
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("ckpt")
+    (path / "config.json").write_text("{}")
+    return str(path)
+
+
+def test_per_role_estimator_lr_and_sync_group(model: str) -> None:
+    cfg = load_config(
+        [
+            *("--role1.pretrain", model, "--role2.pretrain", model),
+            *("--role1.advantage_estimator", "rloo", "--role2.advantage_estimator", "dr_grpo"),
+            *("--role1.lr", "1e-6", "--role2.lr", "1e-7", "--ckpt.path", "/tmp/run-x"),
+        ]
+    )
+    a1, a2 = (role_args(cfg, r, "cpu") for r in cfg.roles)
+    assert (a1.algo.advantage.estimator, a2.algo.advantage.estimator) == ("rloo", "dr_grpo")
+    assert (a1.actor.adam.lr, a2.actor.adam.lr) == (1e-6, 1e-7)
+    assert (a1.vllm.sync_group_name, a2.vllm.sync_group_name) == ("ibrl_agent1", "ibrl_agent2")
+    assert (a1.ckpt.path, a2.ckpt.path) == ("/tmp/run-x/agent1/ckpt", "/tmp/run-x/agent2/ckpt")
+    assert a1.vllm.sync_backend == "object_store"
+
+
+@pytest.mark.parametrize(
+    ("flags", "slots", "pool"),
+    [
+        ([], 2 * (1 + 1 + 1) + 2, True),  # per role: actor, reference, engine; + one pool engine per role
+        (["--pool.probs", "[1,0,0]"], 2 * 3, False),  # pools off
+        (["--role1.kl_coef", "0", "--role2.num_engines", "2", "--pool.num_engines", "2"], (1 + 1) + (2 + 2) + 4, True),
+    ],
+)
+def test_device_slots(model: str, flags: list[str], slots: int, pool: bool) -> None:
+    cfg = load_config(["--role1.pretrain", model, "--role2.pretrain", model, *flags])
+    assert uses_pool(cfg) is pool
+    assert device_slots(cfg) == slots
+
+
+def test_device_slots_unilateral(model: str) -> None:
+    flags = ["--role1.pretrain", model, "--role2.frozen", f"bot:greedy,checkpoint:{model},checkpoint:{model}"]
+    cfg = load_config(flags)
+    assert not uses_pool(cfg)  # one trained role: no pools
+    assert device_slots(cfg) == 3 + 2  # role1 actor+ref+engine; one engine per frozen checkpoint, none for the bot
