@@ -410,11 +410,14 @@ class IBRLTrainer:
 
 
 def summary_table(history: list[dict], roles: Sequence[str]) -> str:
-    """Per-iteration, per-role table: reward, agreement rate, malformed rate, whether the role updated."""
-    head = ["iter", "agree", "malf"] + [f"{r}:{c}" for r in roles for c in ("reward", "malf", "upd")]
+    """Per-iteration, per-role table: Eq. 6 configuration ("vs pool": whose current policy faced the other
+    roles' snapshots), agreement and malformed rates, reward, whether the role updated."""
+    head = ["iter", "vs pool", "agree", "malf"] + [f"{r}:{c}" for r in roles for c in ("reward", "malf", "upd")]
+    names = ["-", *roles]  # configurations(): "both" shown as "-"
     rows = [head]
     for m in history:
-        row = [f"{int(m['iteration'])}", f"{m['rollout/agreement']:.2f}", f"{m['rollout/malformed']:.2f}"]
+        config = names[int(m.get("pool/configuration", 0))]
+        row = [f"{int(m['iteration'])}", config, f"{m['rollout/agreement']:.2f}", f"{m['rollout/malformed']:.2f}"]
         for r in roles:
             row += [f"{m[f'{r}/reward']:.2f}", f"{m[f'{r}/malformed']:.2f}", "y" if m[f"{r}/updated"] else "-"]
         rows.append(row)
