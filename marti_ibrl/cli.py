@@ -1,4 +1,4 @@
-"""``marti-ibrl``: train | dond sample / check-data | patch apply / check / revert | demo.
+"""``marti-ibrl``: train | eval | report | dond sample / check-data | patch apply / check / revert | demo.
 
 ``main(argv)`` parses; ``train`` hands a validated :class:`~marti_ibrl.config.Config` to
 :func:`marti_ibrl.trainer.train`. Heavy imports (torch, Ray, OpenRLHF) happen only in the command
@@ -42,6 +42,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(args)
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from marti_ibrl.eval.report import write_report
+
+    try:
+        path = write_report(args.run_dir, args.eval, args.reference)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"marti-ibrl report: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marti-ibrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -67,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo", help="output directory")
     demo.add_argument("--iterations", type=int, default=None, help="IB-RL iterations (default: the recipe's)")
     demo.set_defaults(func=_cmd_demo)
+
+    from marti_ibrl.eval.command import add_eval_parser
+
+    add_eval_parser(sub)
+
+    report = sub.add_parser("report", help="RUN_DIR/report.md: training curves, eval tables, GEE statistics")
+    report.add_argument("run_dir", help="a training run directory (or any directory holding eval/)")
+    report.add_argument("--eval", default=None, help="eval directory (default: RUN_DIR/eval)")
+    report.add_argument("--reference", default=None, help="reference policy of the GEE comparisons (default: first)")
+    report.set_defaults(func=_cmd_report)
     return parser
 
 

@@ -34,7 +34,8 @@ class RoleConfig:
     frozen: list[str] = field(default_factory=list)
     """Unilateral baselines (§5): the role is NOT trained; its seat is played by one of these frozen counterparts,
     sampled per scenario (pool-of-N when several): ``checkpoint:PATH`` (served by rollout engines),
-    ``bot:NAME`` (a scripted DoND bot), ``endpoint:MODEL@BASE_URL[#API_KEY_ENV]`` (OpenAI-compatible chat)."""
+    ``bot:NAME`` (a scripted DoND bot), ``endpoint:MODEL@BASE_URL[#API_KEY_ENV]`` (OpenAI-compatible chat).
+    Held-out bots (``heldout:NAME``) are refused: they are for evaluation only."""
     lr: float = 1e-6
     """Adam learning rate α_i (Alg. 1, lines 8/11). Paper: 1e-6 sales, 1e-7 user."""
     update_every: int = 1
@@ -326,6 +327,11 @@ def validate(cfg: Config) -> None:
                 parsed = parse_player_spec(spec)
             except ValueError as e:
                 raise ConfigError(f"--{p}.frozen: {e}") from None
+            need(
+                parsed["kind"] != "heldout",
+                f"{p}.frozen",
+                f"{spec}: held-out counterparts are for evaluation only; training against them would leak them",
+            )
             if parsed["kind"] == "checkpoint":
                 need(Path(parsed["path"]).is_dir(), f"{p}.frozen", f"not a directory: {parsed['path']}")
             if parsed["kind"] == "bot":  # else the typo surfaces only after Ray and the engines started

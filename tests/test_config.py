@@ -337,3 +337,15 @@ def test_frozen_role_of_three_needs_a_zero_pool_prob(ckpt: str) -> None:
     # the 2-role default has the wrong length for three roles
     with pytest.raises(ConfigError, match=r"^--pool\.probs: expected 4 values"):
         load_config(flags)
+
+
+@pytest.mark.parametrize("frozen", ["heldout:hardliner", "bot:greedy,heldout:tit_for_tat", "heldout:nosuchbot"])
+def test_heldout_bots_are_refused_as_training_counterparts(ckpt: str, frozen: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(["--role1.pretrain", ckpt, "--role2.frozen", frozen])
+    msg = str(err.value)
+    assert msg.startswith("--role2.frozen: heldout:"), msg
+    assert msg.endswith("held-out counterparts are for evaluation only; training against them would leak them")
+    assert "\n" not in msg
+    with pytest.raises(ConfigError, match=r"^--role1\.frozen: heldout:slow_conceder: held-out counterparts are"):
+        load_config(["--role1.frozen", "heldout:slow_conceder", "--role2.pretrain", ckpt])

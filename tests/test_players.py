@@ -537,3 +537,44 @@ def test_make_player(monkeypatch):
         make_player({"kind": "bot", "name": "nope"})
     with pytest.raises(ValueError, match="must be a dict"):
         make_player("bot:greedy")  # type: ignore[arg-type]
+
+
+# -- held-out bots ---------------------------------------------------------------------------------------------------
+
+
+def test_heldout_player_spec_and_play(env):
+    from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS, make_heldout_bot
+
+    assert parse_player_spec("heldout:hardliner") == {"kind": "heldout", "name": "hardliner"}
+    with pytest.raises(ValueError, match="bad player spec 'heldout:'"):
+        parse_player_spec("heldout:")
+    player = make_player(parse_player_spec("heldout:tit_for_tat"))
+    assert isinstance(player, ScriptedBotPlayer) and isinstance(player, TextPlayer)
+    assert player.name == "heldout:tit_for_tat" and player.bot.name == "tit_for_tat"
+    assert "kind='heldout'" in repr(player)
+    assert make_player({"kind": "heldout", "name": "fast_conceder", "seed": 5}).seed == 5
+    # the two registries do not mix: a training bot is not a held-out bot and vice versa
+    with pytest.raises(ValueError, match=r"unknown held-out bot 'greedy'; known bots: \['fast_conceder'"):
+        make_player({"kind": "heldout", "name": "greedy"})
+    with pytest.raises(ValueError, match="unknown scripted bot 'hardliner'"):
+        make_player({"kind": "bot", "name": "hardliner"})
+    with pytest.raises(ValueError, match=r"missing \['name'\]"):
+        make_player({"kind": "heldout"})
+    with pytest.raises(ValueError, match=r"unknown keys \['temperature'\]"):
+        make_player({"kind": "heldout", "name": "hardliner", "temperature": 1.0})
+
+    # every held-out bot plays through the text-player interface against a training bot, both seats, valid turns,
+    # with the same (seed, uid, sample, turn) phrasing key as the training bots
+    scenarios = generate_scenarios(8, 21)
+    for name in HELDOUT_BOTS:
+        players = {
+            "agent1": make_player({"kind": "heldout", "name": name, "seed": 3}),
+            "agent2": ScriptedBotPlayer("fair"),
+        }
+        for i, sc in enumerate(scenarios):
+            traj = _play(env, sc, players, seats=ROLES if i % 2 else ROLES[::-1])
+            assert traj.state.done
+        first = players["agent1"].respond(env, "agent1", [_traj(scenarios[0], sample_index=1)])
+        assert first == [
+            make_heldout_bot(name).respond(scenarios[0], 0, [], random.Random(f"3/{scenarios[0].uid}/1/0"))
+        ]

@@ -261,32 +261,33 @@ def device_slots(cfg: Config) -> int:
 
 
 def init_ray(cfg: Config, device: str) -> None:
-    """Connect to a cluster (``ray.address``) or start a local Ray; on CPU, declare one logical device per slot."""
+    """Connect to a cluster (``ray.address``) or start a local Ray with the job's device slots."""
+    start_ray(device_slots(cfg), device, cfg.ray.address, cfg.ray.num_cpus, cfg.ray.log_to_driver)
+
+
+def start_ray(
+    slots: int, device: str, address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True
+) -> None:
+    """Connect to ``address`` or start a local Ray; on CPU, declare one logical device per slot."""
     if ray.is_initialized():
         return
     env_vars = {**child_env_vars(), "NCCL_CUMEM_ENABLE": "0"}
-    if not cfg.ray.log_to_driver:
+    if not log_to_driver:
         import logging
 
         for name in list(logging.root.manager.loggerDict):  # OpenRLHF's per-step INFO lines in the driver
             if name.split(".")[0] == "openrlhf":
                 logging.getLogger(name).setLevel(logging.WARNING)
-    if cfg.ray.address:
-        ray.init(address=cfg.ray.address, runtime_env={"env_vars": env_vars}, log_to_driver=cfg.ray.log_to_driver)
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=log_to_driver)
         return
-    kwargs = {"num_cpus": cfg.ray.num_cpus}
+    kwargs = {"num_cpus": num_cpus}
     if device == "cpu":
         # Each "GPU" is a scheduling slot for one actor or engine process: the placement code is the
         # GPU code, unchanged. Processes share the cores, one thread each.
-        slots = device_slots(cfg)
         env_vars["OMP_NUM_THREADS"] = "1"
-        kwargs = {"num_cpus": cfg.ray.num_cpus or slots + 2, "num_gpus": slots, "logging_level": "ERROR"}
-    ray.init(
-        include_dashboard=False,
-        runtime_env={"env_vars": env_vars},
-        log_to_driver=cfg.ray.log_to_driver,
-        **kwargs,
-    )
+        kwargs = {"num_cpus": num_cpus or slots + 2, "num_gpus": slots, "logging_level": "ERROR"}
+    ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars}, log_to_driver=log_to_driver, **kwargs)
 
 
 @dataclass

@@ -4,8 +4,9 @@ A :class:`TextPlayer` answers, for a batch of live dialogues where it is ``role`
 dialogue (text only: no token ids, no log-probs). It serves unilateral-RL baselines (one role trained against a
 frozen counterpart) and evaluation. Two kinds:
 
-* :class:`ScriptedBotPlayer`: a DoND scripted negotiator (:mod:`marti_ibrl.envs.dond.bots`), deterministic per
-  (seed, scenario, sample, turn), so a resumed run replays identically;
+* :class:`ScriptedBotPlayer`: a DoND scripted negotiator, deterministic per (seed, scenario, sample, turn), so a
+  resumed run replays identically: a training bot (``bot:NAME``, :mod:`marti_ibrl.envs.dond.bots`) or a held-out
+  bot for evaluation only (``heldout:NAME``, :mod:`marti_ibrl.envs.dond.heldout`);
 * :class:`EndpointPlayer`: an OpenAI-compatible ``/chat/completions`` endpoint (vLLM, SGLang, TGI, hosted APIs)
   through :class:`OpenAIChatClient`, with bounded concurrency and retries; a turn that still fails after the
   retries is ``None``.
@@ -21,13 +22,14 @@ import os
 import random
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
 from marti_ibrl.envs.dond.bots import TRAINING_BOTS, ScriptedNegotiator
+from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS
 from marti_ibrl.envs.dond.scenarios import DondScenario
 from marti_ibrl.rollout.dialogue import Trajectory
 
@@ -76,24 +78,36 @@ def chat_messages(env: Any, traj: Trajectory, role: str) -> list[dict[str, str]]
 # ----------------------------------------------------------------------------------------------------------------
 # Scripted DoND bots
 
+_BOT_KINDS = {"bot": "scripted bot", "heldout": "held-out bot"}
+
 
 class ScriptedBotPlayer:
-    """A DoND scripted negotiator from :data:`marti_ibrl.envs.dond.bots.TRAINING_BOTS` in a seat.
+    """A DoND scripted negotiator in a seat: ``bot_name`` from ``registry`` (default: the training bots
+    :data:`marti_ibrl.envs.dond.bots.TRAINING_BOTS`); the player is named ``f"{kind}:{bot_name}"``.
 
     The bot's randomness (its phrasing) comes from ``random.Random(f"{seed}/{scenario_uid}/{sample_index}/{n}")``
     with ``n`` the number of turns so far: the same seed replays the same transcript, also after a resume.
     """
 
-    def __init__(self, bot_name: str, seed: int = 0) -> None:
-        if bot_name not in TRAINING_BOTS:
-            raise ValueError(f"unknown scripted bot {bot_name!r}; known bots: {sorted(TRAINING_BOTS)}")
-        self.bot: ScriptedNegotiator = TRAINING_BOTS[bot_name]()
+    def __init__(
+        self,
+        bot_name: str,
+        seed: int = 0,
+        registry: Mapping[str, Callable[[], ScriptedNegotiator]] | None = None,
+        kind: str = "bot",
+    ) -> None:
+        bots = TRAINING_BOTS if registry is None else registry
+        if bot_name not in bots:
+            raise ValueError(f"unknown {_BOT_KINDS.get(kind, kind)} {bot_name!r}; known bots: {sorted(bots)}")
+        self.bot: ScriptedNegotiator = bots[bot_name]()
         self.bot_name = bot_name
         self.seed = seed
-        self.name = f"bot:{bot_name}"
+        self.kind = kind
+        self.name = f"{kind}:{bot_name}"
 
     def __repr__(self) -> str:
-        return f"ScriptedBotPlayer(bot_name={self.bot_name!r}, seed={self.seed})"
+        kind = "" if self.kind == "bot" else f", kind={self.kind!r}"
+        return f"ScriptedBotPlayer(bot_name={self.bot_name!r}, seed={self.seed}{kind})"
 
     def respond(self, env: Any, role: str, trajectories: Sequence[Trajectory]) -> list[str | None]:
         """The bot's next utterance in each dialogue (bots never fail, so never ``None``)."""
@@ -379,7 +393,7 @@ class EndpointPlayer:
 # Specs
 
 _ENDPOINT_OPTIONAL = ("api_key_env", "sampling", "max_concurrency", "max_retries", "timeout", "backoff", "max_backoff")
-_SPEC_FORMS = "bot:NAME, checkpoint:PATH or endpoint:MODEL@BASE_URL[#API_KEY_ENV]"
+_SPEC_FORMS = "bot:NAME, heldout:NAME, checkpoint:PATH or endpoint:MODEL@BASE_URL[#API_KEY_ENV]"
 _ENV_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ENDPOINT = re.compile(r"(?P<model>[^@]+?)@(?P<url>https?://[^#\s]+)(?:#(?P<env>[^#]*))?")
 
@@ -396,9 +410,11 @@ def _check_keys(spec: Mapping[str, Any], kind: str, required: Sequence[str], opt
 def make_player(spec: Mapping[str, Any]) -> TextPlayer:
     """A text player from a spec dict.
 
-    ``{"kind": "bot", "name": "greedy"[, "seed": 0]}`` or ``{"kind": "endpoint", "base_url": ..., "model": ...
-    [, "api_key_env", "sampling", "max_concurrency", "max_retries", "timeout", "backoff", "max_backoff"]}``.
-    A ``checkpoint`` spec is refused: checkpoints are served by rollout engines.
+    ``{"kind": "bot", "name": "greedy"[, "seed": 0]}``, ``{"kind": "heldout", "name": "hardliner"[, "seed": 0]}``
+    (a held-out bot of :data:`marti_ibrl.envs.dond.heldout.HELDOUT_BOTS`, for evaluation only) or
+    ``{"kind": "endpoint", "base_url": ..., "model": ... [, "api_key_env", "sampling", "max_concurrency",
+    "max_retries", "timeout", "backoff", "max_backoff"]}``. A ``checkpoint`` spec is refused: checkpoints are
+    served by rollout engines.
     """
     if not isinstance(spec, Mapping):
         raise ValueError(f"a player spec must be a dict, got {type(spec).__name__}: {spec!r}")
@@ -406,6 +422,9 @@ def make_player(spec: Mapping[str, Any]) -> TextPlayer:
     if kind == "bot":
         _check_keys(spec, "bot", ("name",), ("seed",))
         return ScriptedBotPlayer(str(spec["name"]), seed=int(spec.get("seed", 0)))
+    if kind == "heldout":
+        _check_keys(spec, "heldout", ("name",), ("seed",))
+        return ScriptedBotPlayer(str(spec["name"]), int(spec.get("seed", 0)), registry=HELDOUT_BOTS, kind="heldout")
     if kind == "endpoint":
         _check_keys(spec, "endpoint", ("base_url", "model"), _ENDPOINT_OPTIONAL)
         options = {k: spec[k] for k in _ENDPOINT_OPTIONAL if k in spec}
@@ -415,13 +434,16 @@ def make_player(spec: Mapping[str, Any]) -> TextPlayer:
             f"checkpoint {spec.get('path')!r}: checkpoints are served by rollout engines (a policy with its own "
             "vLLM/HF engine), not by text players; use a bot or an endpoint as a text player"
         )
-    raise ValueError(f"unknown player kind {kind!r}; known kinds: 'bot', 'endpoint' (and 'checkpoint' for engines)")
+    raise ValueError(
+        f"unknown player kind {kind!r}; known kinds: 'bot', 'heldout', 'endpoint' (and 'checkpoint' for engines)"
+    )
 
 
 def parse_player_spec(text: str) -> dict[str, Any]:
     """A spec dict from a command-line string.
 
-    ``bot:greedy`` → ``{"kind": "bot", "name": "greedy"}``; ``checkpoint:/path/to/hf`` →
+    ``bot:greedy`` → ``{"kind": "bot", "name": "greedy"}``; ``heldout:hardliner`` → ``{"kind": "heldout",
+    "name": "hardliner"}``; ``checkpoint:/path/to/hf`` →
     ``{"kind": "checkpoint", "path": ...}``; ``endpoint:MODEL@BASE_URL[#API_KEY_ENV]``, e.g.
     ``endpoint:qwen-72b@http://10.0.0.5:8000/v1#MY_KEY`` → ``{"kind": "endpoint", "model": "qwen-72b",
     "base_url": "http://10.0.0.5:8000/v1", "api_key_env": "MY_KEY"}``.
@@ -430,8 +452,8 @@ def parse_player_spec(text: str) -> dict[str, Any]:
     rest = rest.strip()
     if not sep or not rest:
         raise ValueError(f"bad player spec {text!r}; expected {_SPEC_FORMS}")
-    if kind == "bot":
-        return {"kind": "bot", "name": rest}
+    if kind in ("bot", "heldout"):
+        return {"kind": kind, "name": rest}
     if kind == "checkpoint":
         return {"kind": "checkpoint", "path": rest}
     if kind == "endpoint":

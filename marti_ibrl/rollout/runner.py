@@ -96,27 +96,32 @@ class DialogueRunner:
         policies: Mapping[str, Policy] | Sequence[Mapping[str, Policy]],
         progress: bool = False,
         seed: int = 0,
+        seats: Sequence[Sequence[str]] | None = None,
     ) -> list[Trajectory]:
         """Play ``n_samples`` dialogues per (uid, scenario); ``policies[role]`` plays ``role``'s seat.
 
         ``policies`` is one mapping for every scenario, or one per scenario (e.g. a frozen counterpart
-        sampled per prompt). ``seed`` makes the sampling reproducible (see the module doc).
+        sampled per prompt). ``seed`` makes the sampling reproducible (see the module doc). ``seats``: the
+        speaking order per scenario (default: openers rotate over scenarios and samples, :func:`seats_for`).
+        Trajectories come back in request order: scenario by scenario, sample by sample.
         """
         roles = list(self.env.roles)
         per_scenario = [policies] * len(scenarios) if isinstance(policies, Mapping) else list(policies)
         if len(per_scenario) != len(scenarios):
             raise ValueError(f"{len(per_scenario)} policy mappings for {len(scenarios)} scenarios")
+        if seats is not None and len(seats) != len(scenarios):
+            raise ValueError(f"{len(seats)} seat orders for {len(scenarios)} scenarios")
         live: list[_Live] = []
         for si, (uid, scenario) in enumerate(scenarios):
             seat_policies = per_scenario[si]
             for g in range(n_samples):
-                seats = seats_for(roles, si, g)
+                order = list(seats[si]) if seats is not None else seats_for(roles, si, g)
                 traj = Trajectory(
                     scenario_uid=uid,
                     scenario=scenario,
-                    seats=seats,
+                    seats=order,
                     policies={r: seat_policies[r].name for r in roles},
-                    state=self.env.new_state(scenario, seats),
+                    state=self.env.new_state(scenario, order),
                     views={
                         r: RoleView(seat_policies[r].tokenizer, self.env.system_prompt(scenario, r))
                         for r in roles
@@ -126,6 +131,7 @@ class DialogueRunner:
                 )
                 session = hashlib.sha1(f"{seed}/{si}/{uid}/{g}".encode()).hexdigest()
                 live.append(_Live(traj, session, seat_policies))
+        request_order = {id(item.traj): i for i, item in enumerate(live)}
         done: list[Trajectory] = []
         scoring: list[tuple[Trajectory, dict[str, Future]]] = []
         bar = tqdm(total=len(live), desc="rollout", unit="dlg", disable=not progress, leave=False)
@@ -151,7 +157,7 @@ class DialogueRunner:
             for traj, futures in scoring:
                 traj.rewards = {role: float(f.result()) for role, f in futures.items()}
         bar.close()
-        return sorted(done, key=lambda t: (t.scenario_uid, t.sample_index))
+        return sorted(done, key=lambda t: request_order[id(t)])
 
     # -- one turn ------------------------------------------------------------------------------------------------
 

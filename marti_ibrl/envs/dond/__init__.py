@@ -1,4 +1,5 @@
-"""Deal-or-No-Deal (Lewis et al. 2017) with the paper's Table-17 protocol: scenarios, environment, prompts, bots."""
+"""Deal-or-No-Deal (Lewis et al. 2017) with the paper's Table-17 protocol: scenarios, environment, prompts, bots
+(training bots and held-out evaluation bots)."""
 
 from marti_ibrl.envs.dond.bots import (
     TRAINING_BOTS,
@@ -10,6 +11,7 @@ from marti_ibrl.envs.dond.bots import (
 )
 from marti_ibrl.envs.dond.commands import add_dond_subparsers
 from marti_ibrl.envs.dond.game import DondEnv, DondState, complement, is_complementary, utility
+from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS, make_heldout_bot
 from marti_ibrl.envs.dond.prompts import role_prompt
 from marti_ibrl.envs.dond.protocol import Action, format_selection, format_try, parse_utterance
 from marti_ibrl.envs.dond.scenarios import (
@@ -31,6 +33,7 @@ from marti_ibrl.envs.dond.three_party import (
 )
 
 __all__ = [
+    "HELDOUT_BOTS",
     "TRAINING_BOTS",
     "Action",
     "ConcedingNegotiator",
@@ -54,6 +57,7 @@ __all__ = [
     "is_complementary",
     "load_lewis_file",
     "make_bot",
+    "make_heldout_bot",
     "parse_lewis_line",
     "parse_three_party",
     "parse_utterance",

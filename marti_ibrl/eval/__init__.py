@@ -1,0 +1,1 @@
+"""Held-out evaluation utilities (statistics for the paper's result tables)."""

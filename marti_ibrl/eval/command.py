@@ -1,0 +1,153 @@
+"""``marti-ibrl eval``: the command line around :class:`~marti_ibrl.eval.runner.Evaluator`.
+
+    marti-ibrl eval --policy ibrl=runs/ibrl/agent1/hf --policy uni=runs/uni/agent1/hf \\
+        --in-system ibrl=checkpoint:runs/ibrl/agent2/hf --in-system uni=bot:greedy \\
+        --counterpart heldout:hardliner --counterpart heldout:tit_for_tat \\
+        --self-play --cross-play -n 1000 --out runs/eval
+
+Writes ``OUT/episodes/*.jsonl`` (resumable), ``OUT/summary.json`` and ``OUT/tables.md``; ``marti-ibrl
+report`` turns them into ``report.md`` with statistics and figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+
+def add_eval_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate frozen policies against counterparts (seat-averaged, JSONL, resumable)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--policy", action="append", required=True, metavar="NAME=PATH", help="HF checkpoint to evaluate")
+    p.add_argument(
+        "--counterpart",
+        action="append",
+        default=[],
+        metavar="[NAME=]SPEC",
+        help="held-out counterpart: heldout:NAME, bot:NAME, checkpoint:PATH, endpoint:MODEL@URL[#KEY_ENV]",
+    )
+    p.add_argument(
+        "--in-system",
+        action="append",
+        default=[],
+        metavar="POLICY=SPEC",
+        help="the policy's training counterpart (for Δmismatch = J_in-system − J_held-out)",
+    )
+    p.add_argument("--self-play", action="store_true", help="also play each policy against itself")
+    p.add_argument("--cross-play", action="store_true", help="also play every policy against every other policy")
+    p.add_argument("--env", default="dond", choices=["dond"], help="environment (DoND)")
+    p.add_argument("--data", default=None, help="Lewis-format test file (default: generated scenarios)")
+    p.add_argument("-n", "--num-scenarios", type=int, default=1000)
+    p.add_argument("--scenario-seed", type=int, default=20260, help="generator seed (not the training seed)")
+    p.add_argument("--samples", type=int, default=1, help="episodes per scenario and seat")
+    p.add_argument("--prompt-style", default="paper", choices=["paper", "compact"])
+    p.add_argument("--max-rounds", type=int, default=10)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-len", type=int, default=2048)
+    p.add_argument("--num-engines", type=int, default=1, help="rollout engines per checkpoint")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=cmd_eval)
+    return p
+
+
+def plan(args) -> tuple[list, list[tuple]]:
+    """The (policy, counterpart) pairs to play, with each pair's role in the tables; validates names."""
+    from marti_ibrl.eval.runner import SELF, Named, parse_named
+    from marti_ibrl.rollout.players import parse_player_spec
+
+    policies = []
+    for text in args.policy:
+        named = parse_named(text)
+        spec = named.spec if ":" in named.spec.split("/")[0] else f"checkpoint:{named.spec}"
+        if not Path(parse_player_spec(spec)["path"]).is_dir():
+            raise ValueError(f"--policy {text}: not a checkpoint directory")
+        policies.append(Named(named.name, spec))
+    names = [p.name for p in policies]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--policy: names must be unique, got {names}")
+    pairs = []
+    in_system = {}
+    for text in args.in_system:
+        name, eq, spec = text.partition("=")
+        if not eq or name not in names:
+            raise ValueError(f"--in-system {text}: expected POLICY=SPEC with POLICY one of {names}")
+        in_system[name] = Named("in-system", spec)
+    counterparts = [parse_named(t) for t in args.counterpart]
+    for c in counterparts:
+        parse_player_spec(c.spec)
+    for p in policies:
+        if p.name in in_system:
+            pairs.append((p, in_system[p.name], "in-system"))
+        if args.self_play:
+            pairs.append((p, Named("self", SELF), "self-play"))
+        if args.cross_play:
+            pairs += [(p, Named(f"policy:{q.name}", q.spec), "cross-play") for q in policies if q.name != p.name]
+        pairs += [(p, c, "held-out") for c in counterparts]
+    if not pairs:
+        raise ValueError("nothing to play: give --counterpart, --in-system, --self-play or --cross-play")
+    return policies, pairs
+
+
+def cmd_eval(args) -> int:
+    try:
+        policies, pairs = plan(args)
+    except ValueError as e:
+        print(f"marti-ibrl eval: error: {e}", file=sys.stderr)
+        return 2
+    from marti_ibrl.eval.report import write_tables
+    from marti_ibrl.eval.runner import Evaluator
+
+    env, scenarios = _env_and_scenarios(args)
+    checkpoints = sorted({spec for p, c, _ in pairs for spec in (p.spec, c.spec) if spec.startswith("checkpoint:")})
+    start_engines = _engine_factory(args, len(checkpoints)) if checkpoints else None
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
+    ev = Evaluator(env, scenarios, sampling, args.max_len, 2, start_engines, seed=args.seed)
+    out = Path(args.out)
+    results = []
+    for policy, counterpart, kind in pairs:
+        path = out / "episodes" / f"{policy.name}__{counterpart.name.replace(':', '-')}.jsonl"
+        ev.run_pair(policy, counterpart, path, samples=args.samples)
+        results.append({"policy": policy.name, "counterpart": counterpart.name, "kind": kind, "file": path.name})
+    (out / "pairs.json").write_text(json.dumps(results, indent=1))
+    print(write_tables(out))
+    return 0
+
+
+def _env_and_scenarios(args):
+    from marti_ibrl.envs.dond import DondEnv, generate_scenarios, load_lewis_file
+
+    env = DondEnv(max_rounds=args.max_rounds, prompt_style=args.prompt_style)
+    if args.data:
+        scenarios = load_lewis_file(args.data)[: args.num_scenarios]
+    else:
+        scenarios = generate_scenarios(args.num_scenarios, args.scenario_seed)
+    return env, [(s.uid, s) for s in scenarios]
+
+
+def _engine_factory(args, n_checkpoints: int):
+    """Start Ray (one logical slot per engine on CPU) and return path -> engines."""
+    import torch
+
+    from marti_ibrl.backend.openrlhf_glue import has_vllm, start_ray
+    from marti_ibrl.rollout.engines import create_engines
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    start_ray(n_checkpoints * args.num_engines, device, log_to_driver=False)
+    use_vllm = device == "cuda" and has_vllm()
+    role_args = SimpleNamespace(vllm=SimpleNamespace(gpu_memory_utilization=0.5))
+
+    def start(path: str):
+        return create_engines(role_args, path, args.seed, use_vllm, args.num_engines, 1, args.max_len)
+
+    return start

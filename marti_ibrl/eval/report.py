@@ -1,0 +1,180 @@
+"""Tables and ``report.md`` (paper §5.2-5.4): Table-2-style results, Δmismatch, cross-play, GEE, figures.
+
+``write_tables(EVAL_DIR)`` reads what ``marti-ibrl eval`` wrote (``pairs.json`` + ``episodes/*.jsonl``) and
+writes ``summary.json`` and ``tables.md``. ``write_report(RUN_DIR)`` (``marti-ibrl report RUN_DIR``) adds
+the training diagnostics of a run (reward curves from ``trainer_state.json``) and, when an eval directory
+is there (``RUN_DIR/eval`` or ``--eval``), its tables and logistic-GEE comparisons, into ``report.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import mean
+
+from marti_ibrl.eval.metrics import mismatch, summarize_seat_averaged
+from marti_ibrl.eval.runner import read_episodes
+
+KINDS = ("in-system", "self-play", "cross-play", "held-out")
+
+
+def load_pairs(eval_dir: Path) -> list[dict]:
+    """Every (policy, counterpart) pair of an eval directory with its episodes and seat-averaged summary."""
+    eval_dir = Path(eval_dir)
+    index = eval_dir / "pairs.json"
+    if not index.exists():
+        raise FileNotFoundError(f"{index}: not an eval directory (run `marti-ibrl eval --out {eval_dir}` first)")
+    pairs = json.loads(index.read_text())
+    for p in pairs:
+        p["episodes"] = read_episodes(eval_dir / "episodes" / p["file"])
+        p["summary"] = summarize_seat_averaged(p["episodes"])
+    return pairs
+
+
+def _fmt(x, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _cell(s: dict) -> str:
+    """Table 2 cell: agreement / own utility / joint value (utility terms on agreed allocations only)."""
+    return f"{_fmt(s['agreement'])} / {_fmt(s['own_utility'])} / {_fmt(s['joint_value'])}"
+
+
+def _md(rows: list[list[str]]) -> str:
+    head, *body = rows
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
+
+
+def mismatch_rows(pairs: list[dict]) -> list[dict]:
+    """Per policy: J_train (in-system agreement), J_deploy (mean held-out agreement), Δ = J_train − J_deploy."""
+    out = []
+    for policy in dict.fromkeys(p["policy"] for p in pairs):
+        mine = [p for p in pairs if p["policy"] == policy]
+        train = [p["summary"]["averaged"]["agreement"] for p in mine if p["kind"] == "in-system"]
+        deploy = [p["summary"]["averaged"]["agreement"] for p in mine if p["kind"] == "held-out"]
+        selfplay = [p["summary"]["averaged"]["agreement"] for p in mine if p["kind"] == "self-play"]
+        row = {
+            "policy": policy,
+            "in_system": train[0] if train else None,
+            "self_play": selfplay[0] if selfplay else None,
+        }
+        row["held_out"] = mean(deploy) if deploy else None
+        row["delta_mismatch"] = mismatch(row["in_system"], row["held_out"]) if train and deploy else None
+        out.append(row)
+    return out
+
+
+def tables_markdown(pairs: list[dict]) -> str:
+    policies = list(dict.fromkeys(p["policy"] for p in pairs))
+    parts = ["Cells: agreement / own utility / joint value, seat-averaged (utility terms on agreed allocations only)."]
+    for kind in KINDS:
+        mine = [p for p in pairs if p["kind"] == kind]
+        if not mine:
+            continue
+        columns = list(dict.fromkeys(p["counterpart"] for p in mine))
+        rows = [["policy", *columns]]
+        for policy in policies:
+            by = {p["counterpart"]: p for p in mine if p["policy"] == policy}
+            rows.append([policy, *(_cell(by[c]["summary"]["averaged"]) if c in by else "" for c in columns)])
+        parts.append(f"### {kind}\n\n" + _md(rows))
+    rows = [["policy", "in-system", "self-play", "held-out (mean)", "Δmismatch"]]
+    for r in mismatch_rows(pairs):
+        rows.append(
+            [r["policy"], _fmt(r["in_system"]), _fmt(r["self_play"]), _fmt(r["held_out"]), _fmt(r["delta_mismatch"])]
+        )
+    parts.append(
+        "### Δmismatch = J_train − J_deploy (agreement; J_deploy = mean over held-out counterparts)\n\n" + _md(rows)
+    )
+    rows = [["counterpart", "n", "agreement", "own utility", "joint value", "expected utility", "malformed", "failed"]]
+    for p in pairs:
+        s = p["summary"]["averaged"]
+        rows.append(
+            [f"{p['policy']} vs {p['counterpart']}", str(s["n"])]
+            + [
+                _fmt(s[k])
+                for k in ("agreement", "own_utility", "joint_value", "expected_utility", "malformed", "failed")
+            ]
+        )
+    parts.append("### All pairs\n\n" + _md(rows))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_tables(eval_dir: str | Path) -> str:
+    eval_dir = Path(eval_dir)
+    pairs = load_pairs(eval_dir)
+    summary = [{k: v for k, v in p.items() if k != "episodes"} for p in pairs]
+    (eval_dir / "summary.json").write_text(json.dumps({"pairs": summary, "mismatch": mismatch_rows(pairs)}, indent=1))
+    text = tables_markdown(pairs)
+    (eval_dir / "tables.md").write_text(text)
+    return text
+
+
+def gee_markdown(pairs: list[dict], reference: str | None) -> str:
+    """Logistic GEE on agreement (clustered by scenario) of every policy vs ``reference``, per held-out
+    counterpart, Holm-corrected within each counterpart (paper §5.2)."""
+    import pandas as pd
+
+    from marti_ibrl.eval.stats import compare, format_table
+
+    held = [p for p in pairs if p["kind"] == "held-out"]
+    policies = list(dict.fromkeys(p["policy"] for p in held))
+    if len(policies) < 2:
+        return "_GEE needs at least two policies evaluated against the same held-out counterparts._\n"
+    reference = reference or policies[0]
+    rows = [
+        {
+            "method": p["policy"],
+            "counterpart": p["counterpart"],
+            "scenario_uid": e["scenario_uid"],
+            "agreed": e["agreed"],
+        }
+        for p in held
+        for e in p["episodes"]
+    ]
+    try:
+        table = compare(
+            pd.DataFrame(rows), reference, family_col="counterpart", outcome="agreed", cluster="scenario_uid"
+        )
+    except ValueError as e:
+        return f"_GEE not estimable: {e}_\n"
+    return (
+        f"Reference: **{reference}**. Odds ratios of agreement, 95% CI, Holm within each counterpart.\n\n"
+        + format_table(table)
+    )
+
+
+def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, reference: str | None = None) -> Path:
+    """``RUN_DIR/report.md``: training curves, evaluation tables, statistics; figures beside it."""
+    from marti_ibrl.eval import diagnostics
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
+    figures = run_dir / "figures"
+    parts = [f"# Report: {run_dir.name}\n"]
+    state = run_dir / "trainer_state.json"
+    if state.exists():
+        history = diagnostics.load_history(run_dir)
+        roles = diagnostics.roles_in_history(history)
+        png = diagnostics.reward_curves(history, roles, figures / "reward_curves.png")
+        last = history[-1]
+        parts.append(
+            "## Training\n\n"
+            f"{len(history)} iterations, roles {', '.join(roles)}. Final iteration: "
+            + ", ".join(f"{r} reward {last[f'{r}/reward']:.3f}" for r in roles)
+            + f", agreement {last['rollout/agreement']:.3f}, malformed {last['rollout/malformed']:.3f}.\n\n"
+            f"![reward curves]({png.relative_to(run_dir)})\n\n"
+            "Per-role reward per iteration, raw (thin) and EMA-smoothed (α = 0.2, bold)."
+        )
+    eval_dir = Path(eval_dir) if eval_dir else run_dir / "eval"
+    if (eval_dir / "pairs.json").exists():
+        pairs = load_pairs(eval_dir)
+        n = max((p["summary"]["averaged"]["n"] for p in pairs), default=0)
+        parts.append(f"## Evaluation\n\nFrom `{eval_dir}` (up to {n} episodes per pair).\n\n" + tables_markdown(pairs))
+        parts.append("## Statistics\n\n" + gee_markdown(pairs, reference))
+    elif not state.exists():
+        raise FileNotFoundError(f"{run_dir}: neither trainer_state.json nor an eval directory ({eval_dir})")
+    out = run_dir / "report.md"
+    out.write_text("\n\n".join(parts) + "\n")
+    return out
