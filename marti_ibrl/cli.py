@@ -1,4 +1,4 @@
-"""``marti-ibrl``: train | eval | report | dond sample / check-data | patch apply / check / revert | demo.
+"""``marti-ibrl``: train | eval | diagnose | report | dond sample / check-data | patch apply / check / revert | demo.
 
 ``main(argv)`` parses; ``train`` hands a validated :class:`~marti_ibrl.config.Config` to
 :func:`marti_ibrl.trainer.train`. Heavy imports (torch, Ray, OpenRLHF) happen only in the command
@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     from marti_ibrl.eval.command import add_eval_parser
 
     add_eval_parser(sub)
+
+    from marti_ibrl.eval.diagnose import add_diagnose_parser
+
+    add_diagnose_parser(sub)
 
     report = sub.add_parser("report", help="RUN_DIR/report.md: training curves, eval tables, GEE statistics")
     report.add_argument("run_dir", help="a training run directory (or any directory holding eval/)")

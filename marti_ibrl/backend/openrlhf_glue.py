@@ -372,3 +372,35 @@ def start_engines(cfg: Config, role: RoleConfig, model: str, seed: int, device: 
     args = role_args(cfg, role, device)
     use_vllm = device == "cuda" and has_vllm()
     return create_engines(args, model, seed, use_vllm, num_engines, role.tensor_parallel_size, cfg.rollout.max_len)
+
+
+class FrozenEngines:
+    """Rollout engines serving frozen checkpoints outside training (eval, diagnostics): started per checkpoint
+    through the same ``create_engines`` path, and stopped again — actors *and* the placement group OpenRLHF
+    reserved for them — so a long list of checkpoints never holds more devices than the ones in use."""
+
+    def __init__(
+        self, device: str, num_engines: int = 1, seed: int = 0, max_len: int = 2048, gpu_memory_utilization=0.5
+    ):
+        self.device, self.num_engines, self.seed, self.max_len = device, num_engines, seed, max_len
+        self.args = SimpleNamespace(vllm=SimpleNamespace(gpu_memory_utilization=gpu_memory_utilization))
+        self._groups: dict[str, list[str]] = {}  # first engine's actor id -> placement group ids
+
+    def start(self, path: str) -> list:
+        from ray.util import placement_group_table
+
+        before = set(placement_group_table())
+        use_vllm = self.device == "cuda" and has_vllm()
+        engines = create_engines(self.args, path, self.seed, use_vllm, self.num_engines, 1, self.max_len)
+        self._groups[engines[0]._actor_id.hex()] = sorted(set(placement_group_table()) - before)
+        return engines
+
+    def stop(self, engines: list) -> None:
+        from ray._raylet import PlacementGroupID
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+        groups = self._groups.pop(engines[0]._actor_id.hex(), []) if engines else []
+        for engine in engines:
+            ray.kill(engine)
+        for pg in groups:
+            remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg))))

@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 
 def add_eval_parser(subparsers) -> argparse.ArgumentParser:
@@ -70,7 +69,8 @@ def plan(args) -> tuple[list, list[tuple]]:
     for text in args.policy:
         named = parse_named(text)
         spec = named.spec if ":" in named.spec.split("/")[0] else f"checkpoint:{named.spec}"
-        if not Path(parse_player_spec(spec)["path"]).is_dir():
+        parsed = parse_player_spec(spec)
+        if parsed["kind"] != "checkpoint" or not Path(parsed["path"]).is_dir():
             raise ValueError(f"--policy {text}: not a checkpoint directory")
         policies.append(Named(named.name, spec))
     names = [p.name for p in policies]
@@ -82,10 +82,11 @@ def plan(args) -> tuple[list, list[tuple]]:
         name, eq, spec = text.partition("=")
         if not eq or name not in names:
             raise ValueError(f"--in-system {text}: expected POLICY=SPEC with POLICY one of {names}")
+        _check_spec(spec)
         in_system[name] = Named("in-system", spec)
     counterparts = [parse_named(t) for t in args.counterpart]
     for c in counterparts:
-        parse_player_spec(c.spec)
+        _check_spec(c.spec)
     for p in policies:
         if p.name in in_system:
             pairs.append((p, in_system[p.name], "in-system"))
@@ -96,7 +97,26 @@ def plan(args) -> tuple[list, list[tuple]]:
         pairs += [(p, c, "held-out") for c in counterparts]
     if not pairs:
         raise ValueError("nothing to play: give --counterpart, --in-system, --self-play or --cross-play")
+    # one file per pair, and a counterpart never shares a policy's name (the runner batches turns by name)
+    files = [episodes_file(p, c) for p, c, _ in pairs]
+    clash = [c.name for c in counterparts if c.name in names] + [f for f in dict.fromkeys(files) if files.count(f) > 1]
+    if clash:
+        raise ValueError(f"counterpart names must differ from each other and from the policies (NAME=SPEC): {clash}")
     return policies, pairs
+
+
+def _check_spec(text: str) -> None:
+    """A counterpart spec's syntax, and a bot's name, checked before any engine starts."""
+    from marti_ibrl.rollout.players import make_player, parse_player_spec
+
+    spec = parse_player_spec(text)
+    if spec["kind"] in ("bot", "heldout"):
+        make_player(spec)
+
+
+def episodes_file(policy, counterpart) -> str:
+    """The JSONL file of one (policy, counterpart) pair under OUT/episodes/."""
+    return f"{policy.name}__{counterpart.name.replace(':', '-')}.jsonl"
 
 
 def cmd_eval(args) -> int:
@@ -110,13 +130,13 @@ def cmd_eval(args) -> int:
 
     env, scenarios = _env_and_scenarios(args)
     checkpoints = sorted({spec for p, c, _ in pairs for spec in (p.spec, c.spec) if spec.startswith("checkpoint:")})
-    start_engines = _engine_factory(args, len(checkpoints)) if checkpoints else None
+    engines = _engine_factory(args, len(checkpoints)) if checkpoints else None
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
-    ev = Evaluator(env, scenarios, sampling, args.max_len, 2, start_engines, seed=args.seed)
+    ev = Evaluator(env, scenarios, sampling, args.max_len, 2, engines, seed=args.seed)
     out = Path(args.out)
     results = []
     for policy, counterpart, kind in pairs:
-        path = out / "episodes" / f"{policy.name}__{counterpart.name.replace(':', '-')}.jsonl"
+        path = out / "episodes" / episodes_file(policy, counterpart)
         ev.run_pair(policy, counterpart, path, samples=args.samples)
         results.append({"policy": policy.name, "counterpart": counterpart.name, "kind": kind, "file": path.name})
     (out / "pairs.json").write_text(json.dumps(results, indent=1))
@@ -136,18 +156,11 @@ def _env_and_scenarios(args):
 
 
 def _engine_factory(args, n_checkpoints: int):
-    """Start Ray (one logical slot per engine on CPU) and return path -> engines."""
+    """Start Ray (one logical slot per engine on CPU) and return the engines' factory."""
     import torch
 
-    from marti_ibrl.backend.openrlhf_glue import has_vllm, start_ray
-    from marti_ibrl.rollout.engines import create_engines
+    from marti_ibrl.backend.openrlhf_glue import FrozenEngines, start_ray
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     start_ray(n_checkpoints * args.num_engines, device, log_to_driver=False)
-    use_vllm = device == "cuda" and has_vllm()
-    role_args = SimpleNamespace(vllm=SimpleNamespace(gpu_memory_utilization=0.5))
-
-    def start(path: str):
-        return create_engines(role_args, path, args.seed, use_vllm, args.num_engines, 1, args.max_len)
-
-    return start
+    return FrozenEngines(device, args.num_engines, args.seed, args.max_len)

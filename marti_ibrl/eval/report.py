@@ -144,6 +144,26 @@ def gee_markdown(pairs: list[dict], reference: str | None) -> str:
     )
 
 
+def diagnose_markdown(run_dir: Path, result: dict) -> str:
+    """The section of one ``marti-ibrl diagnose`` result: Fig. 5 and Fig. 6 analogues with their numbers."""
+    role = result["role"]
+    rows = [["checkpoint", "agreement vs in-system", f"agreement vs fixed ({result['fixed']})"]]
+    rows += [[str(p["checkpoint"]), _fmt(p["in_system"]), _fmt(p["fixed"])] for p in result["points"]]
+    text = f"## Checkpoint diagnostics: {role}\n\n" + _md(rows)
+    fig5 = run_dir / "figures" / f"insystem_vs_fixed_{role}.png"
+    if fig5.exists():
+        text += f"\n\n![in-system vs fixed]({fig5.relative_to(run_dir)})"
+    fig6 = run_dir / "figures" / f"similarity_{role}.png"
+    if fig6.exists():
+        text += (
+            f"\n\n![semantic similarity]({fig6.relative_to(run_dir)})\n\nMean cosine similarity (all-MiniLM-L6-v2) "
+            f"of {role}'s utterances across checkpoints, generated against the fixed step-0 counterpart."
+        )
+    elif "similarity_skipped" in result:
+        text += f"\n\n_Similarity heatmap skipped: {result['similarity_skipped']}._"
+    return text
+
+
 def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, reference: str | None = None) -> Path:
     """``RUN_DIR/report.md``: training curves, evaluation tables, statistics; figures beside it."""
     from marti_ibrl.eval import diagnostics
@@ -167,14 +187,20 @@ def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, refere
             f"![reward curves]({png.relative_to(run_dir)})\n\n"
             "Per-role reward per iteration, raw (thin) and EMA-smoothed (α = 0.2, bold)."
         )
-    eval_dir = Path(eval_dir) if eval_dir else run_dir / "eval"
+    for diag in sorted((run_dir / "diagnostics").glob("*.json")):
+        parts.append(diagnose_markdown(run_dir, json.loads(diag.read_text())))
+    if not eval_dir:  # RUN_DIR/eval, or RUN_DIR itself when it is what `marti-ibrl eval --out` wrote
+        eval_dir = run_dir if (run_dir / "pairs.json").exists() else run_dir / "eval"
+    eval_dir = Path(eval_dir)
     if (eval_dir / "pairs.json").exists():
         pairs = load_pairs(eval_dir)
         n = max((p["summary"]["averaged"]["n"] for p in pairs), default=0)
         parts.append(f"## Evaluation\n\nFrom `{eval_dir}` (up to {n} episodes per pair).\n\n" + tables_markdown(pairs))
         parts.append("## Statistics\n\n" + gee_markdown(pairs, reference))
-    elif not state.exists():
-        raise FileNotFoundError(f"{run_dir}: neither trainer_state.json nor an eval directory ({eval_dir})")
+    elif len(parts) == 1:
+        raise FileNotFoundError(
+            f"{run_dir}: nothing to report: no trainer_state.json, diagnostics/ or eval directory ({eval_dir})"
+        )
     out = run_dir / "report.md"
     out.write_text("\n\n".join(parts) + "\n")
     return out

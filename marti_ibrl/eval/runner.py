@@ -45,7 +45,10 @@ def parse_named(text: str, default_prefix: str = "") -> Named:
     name, eq, spec = text.partition("=")
     if not eq or ":" in name or "/" in name:
         spec = text
-        tail = spec.rstrip("/").split("/")[-1].split(":")[-1].split("@")[0]
+        if spec.startswith("endpoint:"):  # endpoint:MODEL@URL: the model, not the URL's last path component
+            tail = spec.removeprefix("endpoint:").split("@")[0]
+        else:
+            tail = spec.rstrip("/").split("/")[-1].split(":")[-1]
         name = f"{default_prefix}{tail}" if default_prefix else tail
     name = re.sub(r"[^A-Za-z0-9_.+-]", "_", name)
     if not _NAME.match(name):
@@ -109,7 +112,7 @@ class Evaluator:
         sampling: dict,
         max_len: int,
         max_resamples: int = 2,
-        start_engines=None,
+        engines=None,
         seed: int = 0,
         chunk: int = 64,
     ):
@@ -120,7 +123,7 @@ class Evaluator:
         self.scenarios = list(scenarios)
         self.runner = DialogueRunner(env, {r: env_reward(env) for r in self.roles}, sampling, max_len, max_resamples)
         self.sampling = dict(sampling)
-        self.start_engines = start_engines  # (checkpoint path) -> list of engine handles
+        self.engines = engines  # FrozenEngines (start(path) / stop(engines)) for checkpoints
         self.seed = seed
         self.chunk = chunk
         self._cache: dict[str, Policy] = {}
@@ -135,9 +138,9 @@ class Evaluator:
         if spec["kind"] == "checkpoint":
             from transformers import AutoTokenizer
 
-            if self.start_engines is None:
+            if self.engines is None:
                 raise ValueError(f"{named.spec}: no engine factory to serve checkpoints")
-            policy = Policy(named.name, self.start_engines(spec["path"]), AutoTokenizer.from_pretrained(spec["path"]))
+            policy = Policy(named.name, self.engines.start(spec["path"]), AutoTokenizer.from_pretrained(spec["path"]))
         else:
             if spec["kind"] == "endpoint":
                 spec["sampling"] = dict(self.sampling)
@@ -162,13 +165,19 @@ class Evaluator:
         episodes = read_episodes(out)
         done = {e["episode_id"] for e in episodes}
         todo = list(self.work(done, samples))
+        if not todo:  # all played: no engines to start
+            return episodes
         p = self.policy(policy)
         c = p if counterpart.spec == SELF else self.policy(counterpart)
+        if c is not p and c.name == p.name:  # the runner batches turns by policy name: they would be merged
+            raise ValueError(f"{policy.spec} and {counterpart.spec} are both named {p.name!r}; name them apart")
         bar = tqdm(
             total=len(todo) * samples, desc=f"{policy.name} vs {counterpart.name}", unit="ep", disable=not progress
         )
         bar.update(0)
         with out.open("a") as f:
+            if _ends_mid_line(out):  # killed mid-write: start on a fresh line (the partial one is ignored)
+                f.write("\n")
             for start in range(0, len(todo), self.chunk):
                 batch = todo[start : start + self.chunk]
                 scenarios = [(uid, scenario) for _, uid, scenario, _ in batch]
@@ -190,10 +199,25 @@ class Evaluator:
         bar.close()
         return episodes
 
+    def release(self, named: Named) -> None:
+        """Stop the engines serving ``named`` (a checkpoint, placement group included) and forget it."""
+        policy = self._cache.pop(named.spec, None)
+        if policy is not None and policy.engines:
+            self.engines.stop(list(policy.engines))
+
     def _seats(self, scenario_index: int, policy_role: str) -> list[str]:
         """Seat order: agent1 opens on even scenarios, agent2 on odd ones (so each seat opens half the time)."""
         shift = scenario_index % len(self.roles)
         return self.roles[shift:] + self.roles[:shift]
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """Whether a non-empty file's last line has no newline."""
+    if path.stat().st_size == 0:
+        return False
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"
 
 
 def _by_scenario(trajs: Sequence[Trajectory], samples: int) -> Iterator[list[Trajectory]]:

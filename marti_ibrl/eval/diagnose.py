@@ -1,0 +1,156 @@
+"""``marti-ibrl diagnose RUN_DIR --role ROLE``: checkpoint diagnostics of a training run (paper Fig. 5, Fig. 6).
+
+For every saved checkpoint of ``ROLE`` (``ROLE/ckpt/global_stepK_hf``, written every ``--ckpt.save_steps``):
+
+* it plays ``-n`` scenarios (seat-averaged) against a **fixed step-0 counterpart** — the other role's
+  initial checkpoint (its ``pretrain``), or ``--fixed SPEC`` — and against its **in-system** counterpart,
+  the other role's checkpoint of the same step;
+* the role's utterances against the fixed counterpart are embedded (all-MiniLM-L6-v2) and compared across
+  checkpoints: the cross-checkpoint semantic similarity heatmap (Fig. 6);
+* agreement against the in-system and the fixed counterpart across checkpoints gives Fig. 5.
+
+Dialogue settings (env, prompts, lengths, sampling) are the run's own (``RUN_DIR/config.yaml``). Episodes
+go to ``RUN_DIR/diagnostics/episodes`` (resumable, like ``marti-ibrl eval``); the figures to
+``RUN_DIR/figures``; the numbers to ``RUN_DIR/diagnostics/ROLE.json``. ``marti-ibrl report`` embeds them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def add_diagnose_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "diagnose",
+        help="checkpoint diagnostics of a run: semantic-similarity heatmap, in-system vs fixed success",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_dir")
+    p.add_argument("--role", required=True, help="the role whose checkpoints are diagnosed")
+    p.add_argument("-n", "--num-scenarios", type=int, default=50)
+    p.add_argument("--fixed", default=None, help="fixed counterpart SPEC (default: the other role's step-0 checkpoint)")
+    p.add_argument("--scenario-seed", type=int, default=20261)
+    p.add_argument(
+        "--embedder", default=None, help="sentence-transformers model dir (default: bundled all-MiniLM-L6-v2)"
+    )
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_diagnose)
+    return p
+
+
+def role_checkpoints(run_dir: Path, role: str) -> list[tuple[int, Path]]:
+    """(step, HF dir) of every saved checkpoint of ``role``, by step."""
+    found = []
+    for d in (run_dir / role / "ckpt").glob("global_step*_hf"):
+        m = re.fullmatch(r"global_step(\d+)_hf", d.name)
+        if m and (d / "config.json").exists():
+            found.append((int(m.group(1)), d))
+    return sorted(found)
+
+
+def run_config(run_dir: Path):
+    from omegaconf import OmegaConf
+
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not a training run directory")
+    return OmegaConf.load(path)
+
+
+def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed: int, embedder: str | None, engines):
+    """Play, embed, plot; returns the diagnostics dict (also written to RUN_DIR/diagnostics/ROLE.json)."""
+    from marti_ibrl.envs.dond import DondEnv, generate_scenarios
+    from marti_ibrl.eval import diagnostics
+    from marti_ibrl.eval.metrics import summarize_seat_averaged
+    from marti_ibrl.eval.runner import Evaluator, Named
+
+    cfg = run_config(run_dir)
+    roles = [r.name for r in cfg.roles]
+    if role not in roles:
+        raise ValueError(f"--role {role}: the run's roles are {roles}")
+    if cfg.env.name != "dond" or len(roles) != 2:
+        raise ValueError(f"diagnose supports two-party dond runs, not {cfg.env.name}")
+    other = roles[1 - roles.index(role)]
+    checkpoints = role_checkpoints(run_dir, role)
+    if not checkpoints:
+        raise FileNotFoundError(
+            f"{run_dir / role / 'ckpt'}: no global_stepK_hf checkpoints (train with --ckpt.save_steps)"
+        )
+    other_cfg = cfg.roles[roles.index(other)]
+    fixed_spec = fixed or f"checkpoint:{other_cfg.pretrain}"
+    env = DondEnv(roles=roles, max_rounds=cfg.env.max_rounds, prompt_style=cfg.env.prompt_style)
+    scenarios = [(s.uid, s) for s in generate_scenarios(n, scenario_seed)]
+    sampling = {
+        "temperature": cfg.rollout.temperature,
+        "top_p": cfg.rollout.top_p,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+    }
+    ev = Evaluator(env, scenarios, sampling, cfg.rollout.max_len, cfg.env.max_resamples, engines)
+    out = run_dir / "diagnostics"
+    points, utterances = [], {}
+    for step, path in checkpoints:
+        policy = Named(f"{role}-step{step}", f"checkpoint:{path}")
+        vs_fixed = ev.run_pair(policy, Named("fixed", fixed_spec), out / "episodes" / f"{policy.name}__fixed.jsonl")
+        utterances[f"step {step}"] = [
+            t["text"] for e in vs_fixed for t in e["transcript"] if t["role"] == e["policy_role"] and t["text"]
+        ]
+        point = {"checkpoint": step, "fixed": summarize_seat_averaged(vs_fixed)["averaged"]["agreement"], "n": 2 * n}
+        partner = run_dir / other / "ckpt" / f"global_step{step}_hf"
+        if (partner / "config.json").exists():
+            named = Named("in-system", f"checkpoint:{partner}")
+            vs_in = ev.run_pair(policy, named, out / "episodes" / f"{policy.name}__in-system.jsonl")
+            point["in_system"] = summarize_seat_averaged(vs_in)["averaged"]["agreement"]
+            ev.release(named)
+        else:
+            point["in_system"] = None
+        ev.release(policy)
+        points.append(point)
+    figures = run_dir / "figures"
+    empty = [k for k, v in utterances.items() if len(v) < 2]
+    result = {"role": role, "fixed": fixed_spec, "points": points}
+    if not empty:
+        labels, matrix = diagnostics.similarity_matrix(utterances, diagnostics.load_embedder(embedder))
+        diagnostics.similarity_heatmap(
+            labels,
+            matrix,
+            figures / f"similarity_{role}.png",
+            title=f"{role}: semantic similarity vs fixed step-0 {other}",
+        )
+        result["similarity"] = {"labels": labels, "matrix": [[float(x) for x in row] for row in matrix]}
+    else:
+        result["similarity_skipped"] = f"fewer than 2 utterances for {empty}"
+    diagnostics.insystem_vs_fixed(
+        [{**p, "method": role} for p in points], figures / f"insystem_vs_fixed_{role}.png", ylabel="agreement rate"
+    )
+    (out / f"{role}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def cmd_diagnose(args) -> int:
+    run_dir = Path(args.run_dir)
+    try:
+        run_config(run_dir)
+        import torch
+
+        from marti_ibrl.backend.openrlhf_glue import FrozenEngines, start_ray
+
+        device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        start_ray(3, device, log_to_driver=False)  # at most: the checkpoint, the fixed and the in-system counterpart
+        cfg = run_config(run_dir)
+        engines = FrozenEngines(device, 1, args.seed, cfg.rollout.max_len, gpu_memory_utilization=0.3)
+        result = diagnose(
+            run_dir, args.role, args.num_scenarios, args.fixed, args.scenario_seed, args.embedder, engines
+        )
+    except (FileNotFoundError, ValueError) as e:
+        print(f"marti-ibrl diagnose: error: {e}", file=sys.stderr)
+        return 2
+    for p in result["points"]:
+        print(f"step {p['checkpoint']}: agreement vs fixed {p['fixed']:.2f}, in-system {p['in_system']}")
+    print(f"wrote {run_dir / 'diagnostics' / (args.role + '.json')} and figures in {run_dir / 'figures'}")
+    return 0

@@ -1,0 +1,192 @@
+"""``marti-ibrl eval`` end to end: a tiny checkpoint on a Ray HF engine against a held-out bot, itself, and an
+OpenAI-style endpoint served by the same tiny model over real HTTP; then an idle re-run. Error paths need no Ray."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from marti_ibrl.cli import main
+
+
+class TinyChatServer:
+    """``POST /v1/chat/completions`` answered by a local causal LM (chat template, greedy, ≤ 16 new tokens)."""
+
+    def __init__(self, model_dir: str):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                with server.lock:
+                    server.requests.append({"path": self.path, "body": body})
+                    torch.manual_seed(len(server.requests))  # sampled, reproducibly
+                    text = server.generate(body, min(16, int(body.get("max_tokens", 16))))
+                data = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data.encode())))
+                self.end_headers()
+                self.wfile.write(data.encode())
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    def generate(self, body: dict, max_new_tokens: int) -> str:
+        import torch
+
+        ids = self.tok.apply_chat_template(body["messages"], add_generation_prompt=True, return_tensors="pt")
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        with torch.no_grad():
+            out = self.model.generate(
+                ids,
+                max_new_tokens=max_new_tokens,
+                do_sample=True,
+                temperature=body.get("temperature", 1.0),
+                top_p=body.get("top_p", 1.0),
+                pad_token_id=self.tok.pad_token_id,
+            )
+        return self.tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.slow
+def test_eval_cli_end_to_end(tmp_path, monkeypatch, capsys):
+    import ray
+
+    from marti_ibrl.envs.dond import DondEnv, generate_scenarios
+    from marti_ibrl.eval.runner import episode_id
+    from marti_ibrl.rollout import engines
+    from marti_ibrl.tiny import build_tiny_dond_model
+
+    model = build_tiny_dond_model(tmp_path / "tiny")
+    server = TinyChatServer(model)
+    started, real_create = [], engines.create_engines
+
+    def create(*args, **kwargs):  # engine starts, by checkpoint; a second one would wait for a free slot forever
+        started.append(args[1])
+        assert len(started) == 1, f"engines started again: {started}"
+        return real_create(*args, **kwargs)
+
+    monkeypatch.setattr(engines, "create_engines", create)
+    out = tmp_path / "eval"
+    argv = [
+        *("eval", "--policy", f"tiny={model}", "--counterpart", "heldout:hardliner"),
+        *("--counterpart", f"ep=endpoint:tiny@{server.base_url}", "--self-play", "-n", "3"),
+        *("--prompt-style", "compact", "--max-rounds", "2", "--max-new-tokens", "12", "--max-len", "512"),
+        *("--out", str(out)),
+    ]
+    try:
+        t0 = time.monotonic()
+        assert main(argv) == 0
+        first = time.monotonic() - t0
+        printed = capsys.readouterr().out
+
+        files = {f: (out / "episodes" / f).read_bytes() for f in ("tiny__self.jsonl", "tiny__hardliner.jsonl")}
+        files["tiny__ep.jsonl"] = (out / "episodes" / "tiny__ep.jsonl").read_bytes()
+        assert sorted(p.name for p in (out / "episodes").iterdir()) == sorted(files)
+        pairs = json.loads((out / "pairs.json").read_text())
+        assert [(p["policy"], p["counterpart"], p["kind"], p["file"]) for p in pairs] == [
+            ("tiny", "self", "self-play", "tiny__self.jsonl"),
+            ("tiny", "hardliner", "held-out", "tiny__hardliner.jsonl"),
+            ("tiny", "ep", "held-out", "tiny__ep.jsonl"),
+        ]
+        scenarios = generate_scenarios(3, 20260)  # the default --scenario-seed
+        ids = {episode_id(s.uid, r, 0) for s in scenarios for r in ("agent1", "agent2")}
+        for name, data in files.items():
+            eps = [json.loads(x) for x in data.decode().splitlines()]
+            assert len(eps) == 6 and {e["episode_id"] for e in eps} == ids, name
+            assert all(not e["failed"] for e in eps), name
+            for e in eps:
+                assert e["policies"][e["policy_role"]] == "tiny" and e["transcript"], name
+                # an untrained model: malformed turns are re-sampled twice, then the episode ends without a deal
+                assert all(t["resamples"] <= 2 for t in e["transcript"])
+                if e["malformed"]:
+                    assert not e["agreed"] and e["reason"] == "malformed" and not e["transcript"][-1]["valid"]
+
+        summary = json.loads((out / "summary.json").read_text())
+        assert [p["summary"]["averaged"]["n"] for p in summary["pairs"]] == [6, 6, 6]
+        tables = (out / "tables.md").read_text()
+        assert tables in printed and "### held-out" in tables and "| tiny vs ep | 6 |" in tables
+
+        # the endpoint: the tiny model itself, asked in its seat's own chat view (system prompt with its private
+        # values, its turns as assistant, the policy's as user), once per attempt, with the eval's sampling
+        env = DondEnv(max_rounds=2, prompt_style="compact")
+        by_uid = {s.uid: s for s in scenarios}
+        asked = []
+        for e in (json.loads(x) for x in files["tiny__ep.jsonl"].decode().splitlines()):
+            seat = next(r for r in env.roles if r != e["policy_role"])
+            chat = [{"role": "system", "content": env.system_prompt(by_uid[e["scenario_uid"]], seat)}]
+            for t in e["transcript"]:
+                if t["role"] == seat:
+                    asked += [json.dumps(chat)] * (1 + t["resamples"])
+                chat = chat + [{"role": "assistant" if t["role"] == seat else "user", "content": t["text"]}]
+        assert sorted(json.dumps(r["body"]["messages"]) for r in server.requests) == sorted(asked)
+        assert any(len(r["body"]["messages"]) > 2 for r in server.requests)  # a history, not just openings
+        for req in server.requests:
+            body = req["body"]
+            assert req["path"] == "/v1/chat/completions" and body["model"] == "tiny"
+            assert (body["max_tokens"], body["temperature"], body["top_p"]) == (12, 1.0, 1.0)
+        assert started == [model]  # one engine start for the checkpoint, shared by its three pairs
+
+        # everything played: a second run plays nothing, starts no engine, rewrites nothing
+        n_requests = len(server.requests)
+        t0 = time.monotonic()
+        assert main(argv) == 0
+        second = time.monotonic() - t0
+        assert {f: (out / "episodes" / f).read_bytes() for f in files} == files
+        assert len(server.requests) == n_requests and started == [model]
+        assert second < min(30.0, first / 2), (first, second)
+    finally:
+        server.close()
+        ray.shutdown()
+
+
+# -- errors, before anything starts ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--policy", "p=/no/such/dir", "--counterpart", "bot:greedy"], "--policy p=/no/such/dir: not a checkpoint"),
+        (["--policy", "p=bot:greedy", "--counterpart", "bot:fair"], "not a checkpoint directory"),
+        (["--policy", "p={ckpt}"], "nothing to play"),
+        (["--policy", "p={ckpt}", "--counterpart", "zzz:1"], "unknown player kind"),
+        (["--policy", "p={ckpt}", "--counterpart", "heldout:hardlinr"], "unknown held-out bot 'hardlinr'"),
+        (["--policy", "p={ckpt}", "--in-system", "p=bot:nope"], "unknown scripted bot 'nope'"),
+        (["--policy", "p={ckpt}", "--counterpart", "endpoint:m@ftp://x"], "bad endpoint spec"),
+        (["--policy", "p={ckpt}", "--in-system", "q=bot:greedy"], "POLICY one of ['p']"),
+        (["--policy", "p={ckpt}", "--in-system", "p=bots:greedy"], "unknown player kind"),
+        (["--policy", "p={ckpt}", "--policy", "p={ckpt}", "--self-play"], "names must be unique"),
+        (["--policy", "p={ckpt}", "--counterpart", "a=bot:fair", "--counterpart", "a=heldout:hardliner"], "p__a.jsonl"),
+        (["--policy", "p={ckpt}", "--counterpart", "p=bot:fair"], "differ from each other and from the policies"),
+        (["--policy", "p={ckpt}", "--self-play", "--counterpart", "self=bot:fair"], "p__self.jsonl"),
+    ],
+)
+def test_eval_cli_errors(tmp_path, capsys, extra, message):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    out = tmp_path / "out"
+    argv = ["eval", *(x.replace("{ckpt}", str(ckpt)) for x in extra), "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("marti-ibrl eval: error: ") and message in err, err
+    assert not out.exists()  # nothing played, nothing written
