@@ -135,10 +135,13 @@ def cmd_eval(args) -> int:
     ev = Evaluator(env, scenarios, sampling, args.max_len, 2, engines, seed=args.seed)
     out = Path(args.out)
     results = []
-    for policy, counterpart, kind in pairs:
-        path = out / "episodes" / episodes_file(policy, counterpart)
-        ev.run_pair(policy, counterpart, path, samples=args.samples)
-        results.append({"policy": policy.name, "counterpart": counterpart.name, "kind": kind, "file": path.name})
+    try:
+        for policy, counterpart, kind in pairs:
+            path = out / "episodes" / episodes_file(policy, counterpart)
+            ev.run_pair(policy, counterpart, path, samples=args.samples)
+            results.append({"policy": policy.name, "counterpart": counterpart.name, "kind": kind, "file": path.name})
+    finally:
+        ev.close()
     (out / "pairs.json").write_text(json.dumps(results, indent=1))
     print(write_tables(out))
     return 0

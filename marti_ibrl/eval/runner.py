@@ -199,6 +199,14 @@ class Evaluator:
         bar.close()
         return episodes
 
+    def close(self) -> None:
+        """Stop every engine this evaluator started and close its text players (endpoint connections)."""
+        for spec in list(self._cache):
+            policy = self._cache[spec]
+            if policy.player is not None and hasattr(policy.player, "close"):
+                policy.player.close()
+            self.release(Named(policy.name, spec))
+
     def release(self, named: Named) -> None:
         """Stop the engines serving ``named`` (a checkpoint, placement group included) and forget it."""
         policy = self._cache.pop(named.spec, None)
