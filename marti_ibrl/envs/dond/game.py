@@ -83,6 +83,20 @@ class DondRules:
     roles: tuple[str, ...]
     invalid_penalty: float
 
+    def __init__(self, roles: Sequence[str], max_rounds: int, invalid_penalty: float, prompt_style: str) -> None:
+        """Validated common settings; a round is one turn per role."""
+        if len(set(roles)) != len(roles):
+            raise ValueError(f"role names must be distinct, got {list(roles)}")
+        if max_rounds < 1:
+            raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
+        if prompt_style not in ("paper", "compact"):
+            raise ValueError(f"prompt_style must be 'paper' or 'compact', got {prompt_style!r}")
+        self.roles = tuple(roles)
+        self.max_rounds = max_rounds
+        self.max_turns = len(self.roles) * max_rounds
+        self.invalid_penalty = invalid_penalty
+        self.prompt_style = prompt_style
+
     def finish_malformed(self, state: Any, role: str) -> None:
         """End without a deal because ``role``'s turn stayed malformed; ``role`` takes the invalid penalty."""
         self._index(role)
@@ -157,17 +171,7 @@ class DondEnv(DondRules):
     ) -> None:
         if len(roles) != 2:
             raise ValueError(f"DondEnv is a two-party game: expected 2 roles, got {len(roles)} ({list(roles)})")
-        if len(set(roles)) != len(roles):
-            raise ValueError(f"role names must be distinct, got {list(roles)}")
-        if max_rounds < 1:
-            raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
-        if prompt_style not in ("paper", "compact"):
-            raise ValueError(f"prompt_style must be 'paper' or 'compact', got {prompt_style!r}")
-        self.roles: tuple[str, ...] = tuple(roles)
-        self.max_rounds = max_rounds
-        self.max_turns = 2 * max_rounds
-        self.invalid_penalty = invalid_penalty
-        self.prompt_style = prompt_style
+        super().__init__(roles, max_rounds, invalid_penalty, prompt_style)
 
     # -- DialogueEnv ---------------------------------------------------------------------------------------------
 

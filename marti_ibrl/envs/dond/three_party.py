@@ -194,15 +194,7 @@ class ThreePartyDondEnv(DondRules):
     ) -> None:
         if len(roles) != 3 or len(set(roles)) != 3:
             raise ValueError(f"ThreePartyDondEnv needs 3 distinct roles, got {list(roles)}")
-        if max_rounds < 1:
-            raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
-        if prompt_style not in ("paper", "compact"):
-            raise ValueError(f"prompt_style must be 'paper' or 'compact', got {prompt_style!r}")
-        self.roles: tuple[str, ...] = tuple(roles)
-        self.max_rounds = max_rounds
-        self.max_turns = 3 * max_rounds
-        self.invalid_penalty = invalid_penalty
-        self.prompt_style = prompt_style
+        super().__init__(roles, max_rounds, invalid_penalty, prompt_style)
 
     def system_prompt(self, scenario: DondScenario, role: str) -> str:
         """The role's private input and the three-party protocol, in the configured style."""
