@@ -72,21 +72,21 @@ class TinyChatServer:
 def test_eval_cli_end_to_end(tmp_path, monkeypatch, capsys):
     import ray
 
+    from marti_ibrl.backend.openrlhf_glue import FrozenEngines
     from marti_ibrl.envs.dond import DondEnv, generate_scenarios
     from marti_ibrl.eval.runner import episode_id
-    from marti_ibrl.rollout import engines
     from marti_ibrl.tiny import build_tiny_dond_model
 
     model = build_tiny_dond_model(tmp_path / "tiny")
     server = TinyChatServer(model)
-    started, real_create = [], engines.create_engines
+    started, real_start = [], FrozenEngines.start
 
-    def create(*args, **kwargs):  # engine starts, by checkpoint; a second one would wait for a free slot forever
-        started.append(args[1])
+    def start(self, path):  # engine starts, by checkpoint
+        started.append(path)
         assert len(started) == 1, f"engines started again: {started}"
-        return real_create(*args, **kwargs)
+        return real_start(self, path)
 
-    monkeypatch.setattr(engines, "create_engines", create)
+    monkeypatch.setattr(FrozenEngines, "start", start)
     out = tmp_path / "eval"
     argv = [
         *("eval", "--policy", f"tiny={model}", "--counterpart", "heldout:hardliner"),
@@ -181,7 +181,13 @@ def test_eval_cli_end_to_end(tmp_path, monkeypatch, capsys):
         (["--policy", "p={ckpt}", "--self-play", "--counterpart", "self=bot:fair"], "p__self.jsonl"),
     ],
 )
-def test_eval_cli_errors(tmp_path, capsys, extra, message):
+def test_eval_cli_errors(tmp_path, capsys, monkeypatch, extra, message):
+    from marti_ibrl.eval import command
+
+    def no_engines(*args):
+        raise AssertionError("the error must be caught before any engine or Ray starts")
+
+    monkeypatch.setattr(command, "_engine_factory", no_engines)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     out = tmp_path / "out"
