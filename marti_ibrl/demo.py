@@ -80,5 +80,9 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     train(cfg)
     _step(f"IB-RL done in {time.perf_counter() - t0:.0f}s; HF checkpoints: {cfg.ckpt.path}/<role>/hf")
+    from marti_ibrl.eval.report import write_report
+
+    report = write_report(cfg.ckpt.path)
+    _step(f"report with reward curves: {report} (next: marti-ibrl eval / diagnose, see README)")
     _step(f"total {time.perf_counter() - t_start:.0f}s")
     return 0

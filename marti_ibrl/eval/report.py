@@ -172,7 +172,7 @@ def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, refere
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run directory")
     figures = run_dir / "figures"
-    parts = [f"# Report: {run_dir.name}\n"]
+    parts = [f"# Report: {run_dir.name}"]
     state = run_dir / "trainer_state.json"
     if state.exists():
         history = diagnostics.load_history(run_dir)
