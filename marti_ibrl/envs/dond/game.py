@@ -97,6 +97,22 @@ class DondRules:
         self.invalid_penalty = invalid_penalty
         self.prompt_style = prompt_style
 
+    def _seats(self, scenario: DondScenario, seats: Sequence[str] | None) -> tuple[str, ...]:
+        """The checked speaking order of a new dialogue (default: ``roles``)."""
+        seats = tuple(self.roles if seats is None else seats)
+        if sorted(seats) != sorted(self.roles):
+            raise ValueError(f"seats {list(seats)} must be a permutation of roles {list(self.roles)}")
+        if len(scenario.values) != len(self.roles):
+            raise ValueError(f"scenario has {len(scenario.values)} value vectors for {len(self.roles)} roles")
+        return seats
+
+    def _check_turn(self, state: Any, role: str) -> None:
+        """A turn is only taken in a live dialogue, by the role whose turn it is."""
+        if state.done:
+            raise ValueError("the dialogue is already over")
+        if role != state.next_role:
+            raise ValueError(f"it is {state.next_role!r}'s turn, not {role!r}'s")
+
     def finish_malformed(self, state: Any, role: str) -> None:
         """End without a deal because ``role``'s turn stayed malformed; ``role`` takes the invalid penalty."""
         self._index(role)
@@ -181,19 +197,11 @@ class DondEnv(DondRules):
 
     def new_state(self, scenario: DondScenario, seats: Sequence[str] | None = None) -> DondState:
         """A fresh dialogue; ``seats`` (default: ``roles``) is a permutation of the roles."""
-        seats = tuple(self.roles if seats is None else seats)
-        if sorted(seats) != sorted(self.roles):
-            raise ValueError(f"seats {list(seats)} must be a permutation of roles {list(self.roles)}")
-        if len(scenario.values) != len(self.roles):
-            raise ValueError(f"scenario has {len(scenario.values)} value vectors for {len(self.roles)} roles")
-        return DondState(scenario=scenario, seats=seats)
+        return DondState(scenario=scenario, seats=self._seats(scenario, seats))
 
     def step(self, state: DondState, role: str, text: str) -> TurnResult:
         """Apply ``role``'s utterance; an invalid one leaves ``state`` untouched."""
-        if state.done:
-            raise ValueError("the dialogue is already over")
-        if role != state.next_role:
-            raise ValueError(f"it is {state.next_role!r}'s turn, not {role!r}'s")
+        self._check_turn(state, role)
         action = parse_utterance(text)
         if action.kind == "malformed":
             return TurnResult(valid=False, done=False, reason=f"malformed: {action.error}")

@@ -218,19 +218,11 @@ class ThreePartyDondEnv(DondRules):
 
     def new_state(self, scenario: DondScenario, seats: Sequence[str] | None = None) -> ThreePartyState:
         """A fresh dialogue; ``seats`` (default: ``roles``) is a permutation of the roles."""
-        seats = tuple(self.roles if seats is None else seats)
-        if sorted(seats) != sorted(self.roles):
-            raise ValueError(f"seats {list(seats)} must be a permutation of roles {list(self.roles)}")
-        if len(scenario.values) != 3:
-            raise ValueError(f"scenario has {len(scenario.values)} value vectors for 3 roles")
-        return ThreePartyState(scenario=scenario, seats=seats)
+        return ThreePartyState(scenario=scenario, seats=self._seats(scenario, seats))
 
     def step(self, state: ThreePartyState, role: str, text: str) -> TurnResult:
         """Apply ``role``'s utterance; an invalid one leaves ``state`` untouched."""
-        if state.done:
-            raise ValueError("the dialogue is already over")
-        if role != state.next_role:
-            raise ValueError(f"it is {state.next_role!r}'s turn, not {role!r}'s")
+        self._check_turn(state, role)
         action = parse_three_party(text, self.roles)
         counts = state.scenario.counts
         if action.kind == "malformed":
