@@ -132,6 +132,7 @@ def sft_command(
     max_len: int,
     zero_stage: int = 2,
     seed: int = 42,
+    param_dtype: str = "fp32",  # CPU: bf16 matmuls are emulated, 3-5x slower (patch 0007 adds fp32)
 ) -> list[str]:
     """The ``openrlhf.cli.train_sft`` command line for multiturn chat records under the ``messages`` key."""
     return [
@@ -150,7 +151,7 @@ def sft_command(
         "--train.seed", str(seed),
         "--adam.lr", str(lr),
         "--ds.zero_stage", str(zero_stage),
-        "--ds.param_dtype", "bf16",  # the CLI offers bf16/fp16 only; ZeRO keeps fp32 master weights
+        "--ds.param_dtype", param_dtype,
         "--ds.attn_implementation", "sdpa",
         "--ckpt.output_dir", out_dir,
         "--ckpt.path", os.path.join(out_dir, "ds_ckpt"),

@@ -133,7 +133,7 @@ def test_missing_config_file(base: list[str], tmp_path: Path) -> None:
         (["--nosection.key", "1"], "--nosection.key: ", "not in 'Config'"),
         (["--train.iterations", "abc"], "--train.iterations: ", "'abc'"),
         (["--train.iterations", "0"], "--train.iterations: ", ">= 1"),
-        (["--ds.param_dtype", "fp32"], "--ds.param_dtype: ", "bf16 or fp16"),
+        (["--ds.param_dtype", "fp8"], "--ds.param_dtype: ", "bf16, fp16 or fp32"),
         (["--role1.reward_fn", "nomodule:fn"], "--role1.reward_fn: ", "No module named 'nomodule'"),
         (["--role2.reward_fn", "nocolon"], "--role2.reward_fn: ", "module:function"),
         (["--role1.reward_fn", "marti_ibrl.rewards:env_reward"], "--role1.reward_fn: ", "trajectory, role, scenario"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marti_ibrl.envs.dond.protocol import Action, format_selection, format_try, parse_utterance
+from marti_ibrl.envs.dond.protocol import Action, format_selection, format_try, markers_only, parse_utterance
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,17 @@ def test_formatters_round_trip() -> None:
     assert format_selection((0, 4, 0)) == "<selection> item0=0 item1=4 item2=0 <selection>"
     assert parse_utterance(format_try((2, 3, 4))) == Action("try", (2, 3, 4))
     assert parse_utterance(format_selection((2, 3, 4))) == Action("selection", (2, 3, 4))
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Deal. <selection> item0=1 item1=0 item2=3 <selection>", "<selection> item0=1 item1=0 item2=3 <selection>"),
+        ("How about this? <try> item0=2 item1=1 item2=0 </try> ok?", "<try> item0=2 item1=1 item2=0 </try>"),
+        ("Sorry, no deal. <disagree>", "<disagree>"),
+        ("Just chatting.", "Just chatting."),
+    ],
+)
+def test_markers_only_keeps_the_move(text: str, expected: str) -> None:
+    assert markers_only(text) == expected
+    assert parse_utterance(markers_only(text)) == parse_utterance(text)

@@ -578,3 +578,18 @@ def test_heldout_player_spec_and_play(env):
         assert first == [
             make_heldout_bot(name).respond(scenarios[0], 0, [], random.Random(f"3/{scenarios[0].uid}/1/0"))
         ]
+
+
+def test_bots_speak_markers_only_when_the_env_says_so(scenario):
+    from marti_ibrl.envs.dond import DondEnv
+
+    with pytest.raises(ValueError, match="bot_speech must be one of"):
+        DondEnv(bot_speech="terse")
+    natural, markers = DondEnv(), DondEnv(bot_speech="markers")
+    players = {"agent1": ScriptedBotPlayer("conceder", 3), "agent2": ScriptedBotPlayer("fair", 4)}
+    long = _play(natural, scenario, players)
+    short = _play(markers, scenario, players)
+    # the same moves, without the sentences: every short turn is exactly its marker
+    assert [parse_utterance(t.text) for t in short.turns] == [parse_utterance(t.text) for t in long.turns]
+    assert all(t.text.startswith("<") and t.text.endswith(">") for t in short.turns)
+    assert sum(len(t.text) for t in short.turns) < 0.7 * sum(len(t.text) for t in long.turns)

@@ -18,6 +18,7 @@ def make_env(cfg: EnvConfig, seed: int) -> tuple[DialogueEnv, list[tuple[str, ob
             max_rounds=cfg.max_rounds,
             invalid_penalty=cfg.invalid_penalty,
             prompt_style=cfg.prompt_style,
+            bot_speech=cfg.bot_speech,
         )
         scenarios = load_lewis_file(cfg.data) if cfg.data else generate_scenarios(cfg.num_scenarios, seed)
         return env, [(s.uid, s) for s in scenarios]
@@ -33,6 +34,7 @@ def make_env(cfg: EnvConfig, seed: int) -> tuple[DialogueEnv, list[tuple[str, ob
             max_rounds=cfg.max_rounds,
             invalid_penalty=cfg.invalid_penalty,
             prompt_style=cfg.prompt_style,
+            bot_speech=cfg.bot_speech,
         )
         return env, [(s.uid, s) for s in generate_three_party_scenarios(cfg.num_scenarios, seed)]
     raise ValueError(f"unknown environment {cfg.name!r}")

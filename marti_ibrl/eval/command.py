@@ -37,7 +37,8 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="POLICY=SPEC",
-        help="the policy's training counterpart (for Δmismatch = J_in-system − J_held-out)",
+        help="the policy's training counterpart (for Δmismatch = J_in-system − J_held-out); repeat it for a "
+        "policy trained against a pool of counterparts (J_in-system is then their mean)",
     )
     p.add_argument("--self-play", action="store_true", help="also play each policy against itself")
     p.add_argument("--cross-play", action="store_true", help="also play every policy against every other policy")
@@ -47,6 +48,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--scenario-seed", type=int, default=20260, help="generator seed (not the training seed)")
     p.add_argument("--samples", type=int, default=1, help="episodes per scenario and seat")
     p.add_argument("--prompt-style", default="paper", choices=["paper", "compact"])
+    p.add_argument("--bot-speech", default="natural", choices=["natural", "markers"], help="how bots speak")
     p.add_argument("--max-rounds", type=int, default=10)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -77,19 +79,18 @@ def plan(args) -> tuple[list, list[tuple]]:
     if len(set(names)) != len(names):
         raise ValueError(f"--policy: names must be unique, got {names}")
     pairs = []
-    in_system = {}
+    in_system: dict[str, list[str]] = {}
     for text in args.in_system:
         name, eq, spec = text.partition("=")
         if not eq or name not in names:
             raise ValueError(f"--in-system {text}: expected POLICY=SPEC with POLICY one of {names}")
         _check_spec(spec)
-        in_system[name] = Named("in-system", spec)
+        in_system.setdefault(name, []).append(spec)
     counterparts = [parse_named(t) for t in args.counterpart]
     for c in counterparts:
         _check_spec(c.spec)
     for p in policies:
-        if p.name in in_system:
-            pairs.append((p, in_system[p.name], "in-system"))
+        pairs += [(p, c, "in-system") for c in _in_system_counterparts(in_system.get(p.name, []))]
         if args.self_play:
             pairs.append((p, Named("self", SELF), "self-play"))
         if args.cross_play:
@@ -103,6 +104,21 @@ def plan(args) -> tuple[list, list[tuple]]:
     if clash:
         raise ValueError(f"counterpart names must differ from each other and from the policies (NAME=SPEC): {clash}")
     return policies, pairs
+
+
+def _in_system_counterparts(specs: list[str]) -> list:
+    """One training counterpart is ``in-system``; several (a pool) are ``in-system:BOT`` or ``in-system-K``."""
+    from marti_ibrl.eval.runner import Named
+    from marti_ibrl.rollout.players import parse_player_spec
+
+    if len(specs) == 1:
+        return [Named("in-system", specs[0])]
+    out = []
+    for k, spec in enumerate(specs, 1):
+        parsed = parse_player_spec(spec)
+        name = f"in-system:{parsed['name']}" if parsed["kind"] in ("bot", "heldout") else f"in-system-{k}"
+        out.append(Named(name, spec))
+    return out
 
 
 def _check_spec(text: str) -> None:
@@ -150,7 +166,7 @@ def cmd_eval(args) -> int:
 def _env_and_scenarios(args):
     from marti_ibrl.envs.dond import DondEnv, generate_scenarios, load_lewis_file
 
-    env = DondEnv(max_rounds=args.max_rounds, prompt_style=args.prompt_style)
+    env = DondEnv(max_rounds=args.max_rounds, prompt_style=args.prompt_style, bot_speech=args.bot_speech)
     if args.data:
         scenarios = load_lewis_file(args.data)[: args.num_scenarios]
     else:

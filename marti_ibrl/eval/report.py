@@ -47,7 +47,8 @@ def _md(rows: list[list[str]]) -> str:
 
 
 def mismatch_rows(pairs: list[dict]) -> list[dict]:
-    """Per policy: J_train (in-system agreement), J_deploy (mean held-out agreement), Δ = J_train − J_deploy."""
+    """Per policy: J_train (in-system agreement; the mean over a pool of training counterparts), J_deploy (mean
+    held-out agreement), Δ = J_train − J_deploy."""
     out = []
     for policy in dict.fromkeys(p["policy"] for p in pairs):
         mine = [p for p in pairs if p["policy"] == policy]
@@ -56,7 +57,7 @@ def mismatch_rows(pairs: list[dict]) -> list[dict]:
         selfplay = [p["summary"]["averaged"]["agreement"] for p in mine if p["kind"] == "self-play"]
         row = {
             "policy": policy,
-            "in_system": train[0] if train else None,
+            "in_system": mean(train) if train else None,
             "self_play": selfplay[0] if selfplay else None,
         }
         row["held_out"] = mean(deploy) if deploy else None

@@ -124,7 +124,7 @@ class ScriptedBotPlayer:
                 )
             history = [(roles.index(t.role), t.text) for t in traj.turns if t.valid]
             rng = random.Random(f"{self.seed}/{traj.scenario_uid}/{traj.sample_index}/{len(traj.turns)}")
-            out.append(self.bot.respond(traj.scenario, role_index, history, rng))
+            out.append(env.bot_utterance(self.bot.respond(traj.scenario, role_index, history, rng)))
         return out
 
     def close(self) -> None:

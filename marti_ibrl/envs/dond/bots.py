@@ -227,7 +227,7 @@ def play_dialogue(
         role = env.current_role(state)
         index = env.roles.index(role)
         history = [(env.roles.index(r), t) for r, t in state.history]
-        text = bots_by_role[role].respond(scenario, index, history, rng)
+        text = env.bot_utterance(bots_by_role[role].respond(scenario, index, history, rng))
         result = env.step(state, role, text)
         if not result.valid:
             raise RuntimeError(f"bot {bots_by_role[role].name!r} made an invalid turn {text!r}: {result.reason}")

@@ -21,7 +21,7 @@ from typing import Any
 
 from marti_ibrl.envs.base import Outcome, TurnResult
 from marti_ibrl.envs.dond.prompts import role_prompt
-from marti_ibrl.envs.dond.protocol import parse_utterance
+from marti_ibrl.envs.dond.protocol import markers_only, parse_utterance
 from marti_ibrl.envs.dond.scenarios import Alloc, DondScenario
 
 # Reasons recorded in ``state.reason`` / ``outcome.info["reason"]``.
@@ -29,6 +29,8 @@ DEAL = "deal"
 NO_TRY = "selection_without_try"
 MISMATCH = "selections_not_complementary"
 DISAGREE = "disagree"
+BOT_SPEECH = ("natural", "markers")
+"""How scripted negotiators speak: ``natural`` (a sentence + the marker) or ``markers`` (the marker only)."""
 TURN_LIMIT = "turn_limit"
 MALFORMED = "malformed"
 
@@ -83,7 +85,9 @@ class DondRules:
     roles: tuple[str, ...]
     invalid_penalty: float
 
-    def __init__(self, roles: Sequence[str], max_rounds: int, invalid_penalty: float, prompt_style: str) -> None:
+    def __init__(
+        self, roles: Sequence[str], max_rounds: int, invalid_penalty: float, prompt_style: str, bot_speech: str
+    ) -> None:
         """Validated common settings; a round is one turn per role."""
         if len(set(roles)) != len(roles):
             raise ValueError(f"role names must be distinct, got {list(roles)}")
@@ -91,11 +95,19 @@ class DondRules:
             raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
         if prompt_style not in ("paper", "compact"):
             raise ValueError(f"prompt_style must be 'paper' or 'compact', got {prompt_style!r}")
+        if bot_speech not in BOT_SPEECH:
+            raise ValueError(f"bot_speech must be one of {BOT_SPEECH}, got {bot_speech!r}")
         self.roles = tuple(roles)
         self.max_rounds = max_rounds
         self.max_turns = len(self.roles) * max_rounds
         self.invalid_penalty = invalid_penalty
         self.prompt_style = prompt_style
+        self.bot_speech = bot_speech
+
+    def bot_utterance(self, text: str) -> str:
+        """How a scripted negotiator's turn is spoken in this environment: as written (``natural``: a sentence
+        plus the protocol marker) or as the marker alone (``markers``: short turns for tiny CPU models)."""
+        return markers_only(text) if self.bot_speech == "markers" else text
 
     def _seats(self, scenario: DondScenario, seats: Sequence[str] | None) -> tuple[str, ...]:
         """The checked speaking order of a new dialogue (default: ``roles``)."""
@@ -184,10 +196,11 @@ class DondEnv(DondRules):
         max_rounds: int = 10,
         invalid_penalty: float = -1.0,
         prompt_style: str = "paper",
+        bot_speech: str = "natural",
     ) -> None:
         if len(roles) != 2:
             raise ValueError(f"DondEnv is a two-party game: expected 2 roles, got {len(roles)} ({list(roles)})")
-        super().__init__(roles, max_rounds, invalid_penalty, prompt_style)
+        super().__init__(roles, max_rounds, invalid_penalty, prompt_style, bot_speech)
 
     # -- DialogueEnv ---------------------------------------------------------------------------------------------
 

@@ -81,3 +81,15 @@ def format_selection(alloc: Alloc) -> str:
 
 
 DISAGREE = "<disagree>"
+
+
+def markers_only(text: str) -> str:
+    """``text`` without its natural-language part: the protocol marker(s) and what lies between them.
+
+    ``"Deal. <selection> item0=1 item1=0 item2=3 <selection>"`` -> ``"<selection> item0=1 item1=0 item2=3
+    <selection>"``; a plain sentence (no marker) is returned unchanged. Parses the same as ``text``.
+    """
+    markers = list(_MARKER.finditer(text))
+    if not markers:
+        return text
+    return text[markers[0].start() : markers[-1].end()]

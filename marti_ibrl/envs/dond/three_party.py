@@ -191,10 +191,11 @@ class ThreePartyDondEnv(DondRules):
         max_rounds: int = 10,
         invalid_penalty: float = -1.0,
         prompt_style: str = "paper",
+        bot_speech: str = "natural",
     ) -> None:
         if len(roles) != 3 or len(set(roles)) != 3:
             raise ValueError(f"ThreePartyDondEnv needs 3 distinct roles, got {list(roles)}")
-        super().__init__(roles, max_rounds, invalid_penalty, prompt_style)
+        super().__init__(roles, max_rounds, invalid_penalty, prompt_style, bot_speech)
 
     def system_prompt(self, scenario: DondScenario, role: str) -> str:
         """The role's private input and the three-party protocol, in the configured style."""

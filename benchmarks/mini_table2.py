@@ -1,0 +1,565 @@
+"""The paper's Table 2 in miniature on 2 CPU cores: the static-counterpart mismatch, end to end.
+
+Every arm runs through the real pipeline (``marti-ibrl train``: Ray + DeepSpeed + the HF rollout engines) from one
+SFT initialisation, with the same budget (iterations × scenarios × G); the frozen final policies are evaluated with
+``marti-ibrl eval`` (seat-averaged, held-out scenarios). Stages, each resumable (finished work is skipped):
+
+1. **SFT init** (``OUT/sft``): a tiny Qwen-architecture model, trained with OpenRLHF's SFT trainer on dialogues
+   between the *training* scripted bots (``marti_ibrl.sft``), bots speaking markers only (``env.bot_speech``).
+2. **Arms × seeds** (``OUT/runs/ARM/seedS``), recipe ``recipes/dond/mini-table2.yaml``:
+   ``ibrl`` (opponent pool, staggered updates), ``uni_sft`` (vs the frozen SFT policy), ``uni_bot`` (vs one
+   frozen training bot), ``uni_pool`` (vs a frozen pool of the training bots, §5.4), and the ablations
+   ``shared_reward``, ``joint_norm``, ``no_stabilization``.
+3. **Evaluation** (``OUT/eval/seedS``, ``OUT/eval/seedS-cross``): each arm's agent1 policy against its training
+   counterpart(s) (in-system), itself (self-play), the held-out bots (``envs/dond/heldout.py``) and, on fewer
+   scenarios, every other arm's policy of the same seed (cross-play). The SFT init is evaluated as a reference row.
+4. **Report** (``--results``, default ``benchmarks/results/mini_table2.md``): Table-2-style cells (agreement / own
+   utility / joint value) per counterpart, mean ± sd over seeds; Δmismatch per arm; the cross-play matrix;
+   logistic GEE of held-out agreement vs IB-RL, clustered by scenario with seed fixed effects, Holm-adjusted, plus a
+   run-clustered sensitivity check; the issue's goals; reward curves; the exact command and wall time.
+
+    .venv/bin/python benchmarks/mini_table2.py --quick          # 1 seed, fewer iterations and scenarios
+    .venv/bin/python benchmarks/mini_table2.py                  # the full run (3 seeds), see the results file
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "dond" / "mini-table2.yaml"
+TRAINING_BOTS = ("conceder", "fair", "greedy", "stubborn")  # marti_ibrl.envs.dond.bots.TRAINING_BOTS
+HELDOUT_BOTS = ("hardliner", "tit_for_tat", "slow_conceder", "fast_conceder")  # envs/dond/heldout.py
+UNILATERAL = ("uni_sft", "uni_bot", "uni_pool")
+SINGLE_COUNTERPART = ("uni_sft", "uni_bot")  # the goal compares IB-RL with the best of these
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One benchmark size; everything else comes from the recipe."""
+
+    seeds: tuple[int, ...] = (0, 1, 2)
+    iterations: int = 40
+    eval_scenarios: int = 500
+    cross_play_scenarios: int = 200
+    sft_dialogues: int = 4000  # bot-vs-bot dialogues -> two SFT records each
+    sft_epochs: int = 1
+    single_bot: str = "conceder"  # the uni_bot arm's counterpart
+    arms: tuple[str, ...] = (
+        "ibrl",
+        "uni_sft",
+        "uni_bot",
+        "uni_pool",
+        "shared_reward",
+        "joint_norm",
+        "no_stabilization",
+    )
+
+
+FULL = Profile()
+QUICK = replace(FULL, seeds=(0,), iterations=8, eval_scenarios=100, cross_play_scenarios=50)
+
+# The SFT init (tiny model + OpenRLHF SFT). Measured settings: see the results file.
+TINY_MODEL = dict(hidden_size=128, num_layers=2, intermediate_size=256)
+SFT = dict(lr=1e-2, batch_size=16, micro_batch_size=8, max_len=512)
+
+
+@dataclass
+class Arm:
+    """A training arm: extra ``marti-ibrl train`` flags and the counterparts it trained against (in-system)."""
+
+    name: str
+    flags: list[str] = field(default_factory=list)
+    in_system: list[str] = field(default_factory=list)  # eval specs; "{run}" = the arm's run directory
+
+
+def arms(sft: str, single_bot: str) -> dict[str, Arm]:
+    """The arms of the benchmark (the issue's list), keyed by name."""
+    trained_partner = ["checkpoint:{run}/agent2/hf"]
+    pool = [f"bot:{b}" for b in TRAINING_BOTS]
+    return {
+        a.name: a
+        for a in [
+            Arm("ibrl", [], trained_partner),
+            Arm("uni_sft", ["--role2.frozen", f"checkpoint:{sft}"], [f"checkpoint:{sft}"]),
+            Arm("uni_bot", ["--role2.frozen", f"bot:{single_bot}"], [f"bot:{single_bot}"]),
+            Arm("uni_pool", ["--role2.frozen", ",".join(pool)], pool),
+            Arm("shared_reward", ["--ablation", "shared_reward"], trained_partner),
+            Arm("joint_norm", ["--ablation", "joint_norm"], trained_partner),
+            Arm("no_stabilization", ["--ablation", "no_stabilization"], trained_partner),
+        ]
+    }
+
+
+def recipe_env() -> dict:
+    """The recipe's env/rollout settings the evaluation must share with training."""
+    from omegaconf import OmegaConf
+
+    r = OmegaConf.load(RECIPE)
+    return {
+        "prompt_style": r.env.prompt_style,
+        "max_rounds": int(r.env.max_rounds),
+        "bot_speech": r.env.bot_speech,
+        "max_new_tokens": int(r.rollout.max_new_tokens),
+        "max_len": int(r.rollout.max_len),
+    }
+
+
+def _log(msg: str) -> None:
+    tqdm.write(f"[mini_table2] {msg}")
+
+
+def _run(cmd: list[str], log: Path) -> float:
+    """Run ``cmd`` with its output in ``log``; raise with the log's tail if it fails; returns seconds."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        f.write("$ " + shlex.join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    if rc != 0:
+        tail = log.read_text(errors="replace").splitlines()[-25:]
+        raise RuntimeError(f"{shlex.join(cmd[:4])} ... failed (exit {rc}); log {log}:\n" + "\n".join(tail))
+    return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------------------------ stages
+
+
+def stage_sft(out: Path, profile: Profile) -> dict:
+    """The SFT init in OUT/sft (reused when present); returns its record (validity, time, settings)."""
+    from marti_ibrl.envs.dond import DondEnv, generate_scenarios
+    from marti_ibrl.sft import run_sft, sft_records, validity_report, write_sft_data
+    from marti_ibrl.tiny import build_tiny_dond_model
+
+    record_path = out / "sft" / "mini_table2_sft.json"
+    if record_path.exists():
+        return json.loads(record_path.read_text())
+    env_cfg = recipe_env()
+    env = DondEnv(
+        prompt_style=env_cfg["prompt_style"], max_rounds=env_cfg["max_rounds"], bot_speech=env_cfg["bot_speech"]
+    )
+    t0 = time.perf_counter()
+    tiny = build_tiny_dond_model(out / "tiny", prompt_style=env_cfg["prompt_style"], n_scenarios=64, **TINY_MODEL)
+    # scenario seeds: SFT 1, training = the run seed's generator, evaluation 20260 (marti-ibrl eval's default)
+    records = sft_records(env, generate_scenarios(profile.sft_dialogues, 1), list(TRAINING_BOTS), seed=0)
+    data = write_sft_data(out / "sft_data.jsonl", records)
+    _log(f"SFT: {len(records)} records from {profile.sft_dialogues} bot-bot dialogues -> {data}")
+    with tqdm(desc="SFT (OpenRLHF)", unit="step") as bar:
+        run_sft(tiny, data, str(out / "sft"), seed=0, epochs=profile.sft_epochs, progress=lambda _: bar.update(), **SFT)
+    seconds = time.perf_counter() - t0
+    check = validity_report(str(out / "sft"), env, generate_scenarios(200, 2), n_turns=4, seed=0)
+    record = {
+        "records": len(records),
+        "dialogues": profile.sft_dialogues,
+        "epochs": profile.sft_epochs,
+        "tiny_model": TINY_MODEL,
+        "hparams": SFT,
+        "seconds": round(seconds, 1),
+        "validity": check,
+    }
+    record_path.write_text(json.dumps(record, indent=1))
+    _log(f"SFT done in {seconds:.0f}s; protocol-valid self-play turns {check['protocol']:.1%}")
+    return record
+
+
+def train_command(arm: Arm, seed: int, run: Path, sft: str, iterations: int) -> list[str]:
+    """The ``marti-ibrl train`` command of one (arm, seed)."""
+    cmd = [sys.executable, "-m", "marti_ibrl.cli", "train", "--config", str(RECIPE)]
+    cmd += ["--train.seed", str(seed), "--train.iterations", str(iterations), "--ckpt.path", str(run)]
+    cmd += ["--role1.pretrain", sft]
+    if "--role2.frozen" not in arm.flags:
+        cmd += ["--role2.pretrain", sft]
+    return cmd + arm.flags
+
+
+def finished(run: Path, iterations: int) -> bool:
+    state = run / "trainer_state.json"
+    return (
+        state.exists()
+        and json.loads(state.read_text())["iteration"] >= iterations
+        and (run / "agent1" / "hf" / "config.json").exists()
+    )
+
+
+def stage_train(out: Path, profile: Profile, table: dict[str, Arm], sft: str) -> dict[str, float]:
+    """Train every (arm, seed) not yet finished; returns seconds per run trained now."""
+    todo = [(a, s) for s in profile.seeds for a in profile.arms]
+    times = {}
+    for name, seed in tqdm(todo, desc="training arms", unit="run"):
+        run = out / "runs" / name / f"seed{seed}"
+        if finished(run, profile.iterations):
+            continue
+        cmd = train_command(table[name], seed, run, sft, profile.iterations)
+        times[f"{name}/seed{seed}"] = seconds = _run(cmd, out / "logs" / f"train_{name}_seed{seed}.log")
+        _log(f"trained {name} seed {seed} in {seconds:.0f}s")
+    return times
+
+
+def eval_commands(out: Path, profile: Profile, table: dict[str, Arm], sft: str, seed: int) -> list[list[str]]:
+    """The two ``marti-ibrl eval`` commands of one seed: main (in-system, self-play, held-out) and cross-play."""
+    env = recipe_env()
+    common = [sys.executable, "-m", "marti_ibrl.cli", "eval", "--seed", str(seed)]
+    common += ["--prompt-style", env["prompt_style"], "--max-rounds", str(env["max_rounds"])]
+    common += ["--bot-speech", env["bot_speech"], "--max-new-tokens", str(env["max_new_tokens"])]
+    common += ["--max-len", str(env["max_len"])]
+    policies = []
+    for name in profile.arms:
+        policies += ["--policy", f"{name}={out / 'runs' / name / f'seed{seed}' / 'agent1' / 'hf'}"]
+    main = common + policies + ["--policy", f"sft={sft}", "--self-play", "-n", str(profile.eval_scenarios)]
+    for name in profile.arms:
+        run = out / "runs" / name / f"seed{seed}"
+        main += [x for spec in table[name].in_system for x in ("--in-system", f"{name}={spec.format(run=run)}")]
+    main += [x for b in HELDOUT_BOTS for x in ("--counterpart", f"heldout:{b}")]
+    main += ["--out", str(out / "eval" / f"seed{seed}")]
+    cross = common + policies + ["--cross-play", "-n", str(profile.cross_play_scenarios)]
+    cross += ["--out", str(out / "eval" / f"seed{seed}-cross")]
+    return [main, cross] if len(profile.arms) > 1 else [main]
+
+
+def stage_eval(out: Path, profile: Profile, table: dict[str, Arm], sft: str) -> dict[str, float]:
+    times = {}
+    for seed in tqdm(profile.seeds, desc="evaluating seeds", unit="seed"):
+        for cmd in eval_commands(out, profile, table, sft, seed):
+            name = Path(cmd[cmd.index("--out") + 1]).name
+            times[name] = seconds = _run(cmd, out / "logs" / f"eval_{name}.log")
+            _log(f"evaluated {name} in {seconds:.0f}s")
+    return times
+
+
+# ------------------------------------------------------------------------------------------------------------ report
+
+
+def load_results(out: Path, seeds: Sequence[int]) -> list[dict]:
+    """Every evaluated pair of every seed: ``{"seed", "policy", "counterpart", "kind", "episodes", "summary"}``."""
+    from marti_ibrl.eval.report import load_pairs
+
+    pairs = []
+    for seed in seeds:
+        for sub in (f"seed{seed}", f"seed{seed}-cross"):
+            if (out / "eval" / sub / "pairs.json").exists():
+                pairs += [dict(p, seed=seed) for p in load_pairs(out / "eval" / sub)]
+    return pairs
+
+
+def _agg(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample sd (None with fewer than two values) over seeds, ignoring Nones."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return None, None
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
+
+
+def _fmt(x: float | None, sd: float | None = None) -> str:
+    if x is None:
+        return "–"
+    return f"{x:.2f}" if sd is None else f"{x:.2f}±{sd:.2f}"
+
+
+def _md(rows: list[list[str]]) -> str:
+    head, *body = rows
+    return "\n".join(
+        ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in body]
+    )
+
+
+def per_arm(pairs: list[dict], arm: str, kind: str, counterpart: str | None = None) -> dict[int, dict]:
+    """Seed -> seat-averaged summary of ``arm`` against the counterpart(s) of ``kind``, pooling the episodes of
+    several counterparts of one kind (held-out bots, a pool of in-system bots) into one summary per seed."""
+    from marti_ibrl.eval.metrics import summarize_seat_averaged
+
+    by_seed: dict[int, list] = {}
+    for p in pairs:
+        if p["policy"] == arm and p["kind"] == kind and counterpart in (None, p["counterpart"]):
+            by_seed.setdefault(p["seed"], []).extend(p["episodes"])
+    return {s: summarize_seat_averaged(eps)["averaged"] for s, eps in by_seed.items()}
+
+
+def cell(summaries: dict[int, dict]) -> str:
+    """agreement / own utility / joint value, each mean±sd over seeds."""
+    return " / ".join(
+        _fmt(*_agg([s[k] for s in summaries.values()])) for k in ("agreement", "own_utility", "joint_value")
+    )
+
+
+def main_table(pairs: list[dict], policies: Sequence[str]) -> str:
+    columns = [("in-system", "in-system", None), ("self-play", "self-play", None), ("held-out (all)", "held-out", None)]
+    columns += [(b, "held-out", b) for b in HELDOUT_BOTS]  # held-out counterparts are named by bot
+    rows = [["policy", *(c[0] for c in columns)]]
+    for arm in policies:
+        rows.append([arm, *(cell(per_arm(pairs, arm, kind, cp)) or "" for _, kind, cp in columns)])
+    return _md(rows)
+
+
+def mismatch_table(pairs: list[dict], policies: Sequence[str]) -> tuple[str, dict[str, dict]]:
+    """Δmismatch = J_in-system − J_held-out (agreement), per seed then mean±sd; also returns the numbers."""
+    rows = [["policy", "J in-system", "J self-play", "J held-out", "Δmismatch", "malformed (held-out)"]]
+    numbers = {}
+    for arm in policies:
+        ins, slf, held = (per_arm(pairs, arm, k) for k in ("in-system", "self-play", "held-out"))
+        deltas = [ins[s]["agreement"] - held[s]["agreement"] for s in ins if s in held]
+        numbers[arm] = {
+            "in_system": _agg([s["agreement"] for s in ins.values()])[0],
+            "self_play": _agg([s["agreement"] for s in slf.values()])[0],
+            "held_out": _agg([s["agreement"] for s in held.values()])[0],
+            "delta": _agg(deltas)[0],
+        }
+        rows.append(
+            [
+                arm,
+                _fmt(*_agg([s["agreement"] for s in ins.values()])),
+                _fmt(*_agg([s["agreement"] for s in slf.values()])),
+                _fmt(*_agg([s["agreement"] for s in held.values()])),
+                _fmt(*_agg(deltas)),
+                _fmt(*_agg([s["malformed"] for s in held.values()])),
+            ]
+        )
+    return _md(rows), numbers
+
+
+def cross_play_table(pairs: list[dict], policies: Sequence[str]) -> str:
+    """Row policy vs column policy: agreement (mean over seeds); the diagonal is self-play."""
+    rows = [["policy \\ counterpart", *policies]]
+    for a in policies:
+        row = [a]
+        for b in policies:
+            got = per_arm(pairs, a, "self-play") if a == b else per_arm(pairs, a, "cross-play", f"policy:{b}")
+            row.append(_fmt(_agg([s["agreement"] for s in got.values()])[0]))
+        rows.append(row)
+    return _md(rows)
+
+
+def episode_frame(pairs: list[dict], kind: str):
+    """One row per episode of ``kind``: method, seed, run (method/seed), scenario, counterpart, agreed."""
+    import pandas as pd
+
+    rows = [
+        {
+            "method": p["policy"],
+            "seed": p["seed"],
+            "run": f"{p['policy']}/seed{p['seed']}",
+            "scenario_uid": e["scenario_uid"],
+            "counterpart": p["counterpart"],
+            "agreed": bool(e["agreed"]) and not e.get("failed", False),
+        }
+        for p in pairs
+        if p["kind"] == kind
+        for e in p["episodes"]
+    ]
+    return pd.DataFrame(rows)
+
+
+def gee_tests(pairs: list[dict], reference: str = "ibrl") -> tuple[str, dict]:
+    """Logistic GEE of agreement vs ``reference``: held-out (pooled, and per held-out bot) and self-play.
+
+    Primary: clusters = scenarios (every arm, seed and seat of a scenario in one cluster, exchangeable working
+    correlation), seed fixed effects ``C(seed)`` when there are several seeds; Holm within each family. Sensitivity:
+    clusters = training runs (arm × seed), which carries run-to-run variance into the standard errors (few clusters:
+    read it as a check, not a test)."""
+    from marti_ibrl.eval.stats import compare, format_table
+
+    parts, verdicts = [], {}
+    for kind, family in (("held-out", None), ("held-out", "counterpart"), ("self-play", None)):
+        df = episode_frame(pairs, kind)
+        if df.empty or reference not in set(df["method"]) or df["method"].nunique() < 2:
+            continue
+        covariates = ("C(seed)",) if df["seed"].nunique() > 1 else ()
+        title = f"{kind}, " + ("per counterpart" if family else "all counterparts pooled")
+        try:
+            res = compare(
+                df, reference, family_col=family, outcome="agreed", cluster="scenario_uid", covariates=covariates
+            )
+        except ValueError as e:
+            parts.append(f"**{title}**: not estimable ({e})")
+            continue
+        text = f"**{title}** (clusters: scenarios{', seed fixed effects' if covariates else ''})\n\n" + format_table(
+            res
+        )
+        if family is None:
+            verdicts[kind] = {r["method"]: r for r in res.to_dict("records")}
+            if df["run"].nunique() >= 2 * df["method"].nunique():  # at least two runs per arm
+                try:
+                    by_run = compare(df, reference, outcome="agreed", cluster="run")
+                    text += "\n\nSensitivity, clusters = training runs (arm × seed):\n\n" + format_table(by_run)
+                except ValueError as e:
+                    text += f"\n\n_run-clustered check not estimable: {e}_"
+        parts.append(text)
+    return "\n\n".join(parts), verdicts
+
+
+def goals(numbers: dict[str, dict], verdicts: dict) -> list[str]:
+    """The issue's two goals, checked on the measured numbers."""
+    lines = []
+    if "ibrl" not in numbers:
+        return ["IB-RL was not evaluated."]
+    ib = numbers["ibrl"]
+    singles = {
+        a: numbers[a]["held_out"] for a in SINGLE_COUNTERPART if a in numbers and numbers[a]["held_out"] is not None
+    }
+    if singles and ib["held_out"] is not None:
+        best = max(singles, key=singles.get)
+        gain = ib["held_out"] - singles[best]
+        p = verdicts.get("held-out", {}).get(best, {}).get("p_holm")
+        ok = gain >= 0.05 and p is not None and p < 0.05
+        lines.append(
+            f"Held-out agreement: IB-RL {ib['held_out']:.3f} vs best single-counterpart unilateral arm ({best}) "
+            f"{singles[best]:.3f}: {gain * 100:+.1f} points, Holm p = {'–' if p is None else f'{p:.3g}'} "
+            f"(goal ≥ +5 points, p < 0.05): **{'met' if ok else 'not met'}**."
+        )
+    for arm in UNILATERAL:
+        if arm in numbers and numbers[arm]["self_play"] is not None and ib["self_play"] is not None:
+            gain = ib["self_play"] - numbers[arm]["self_play"]
+            lines.append(
+                f"Self-play agreement: IB-RL {ib['self_play']:.3f} vs {arm} {numbers[arm]['self_play']:.3f}: "
+                f"{gain * 100:+.1f} points (goal ≥ +10): **{'met' if gain >= 0.10 else 'not met'}**."
+            )
+    return lines
+
+
+def reward_figure(out: Path, profile: Profile, png: Path) -> Path | None:
+    """agent1's training reward per iteration, one line per arm (mean over seeds, EMA-smoothed)."""
+    from marti_ibrl.eval.diagnostics import _figure, _save, ema, load_history
+
+    fig = _figure((7.5, 4.5))
+    ax = fig.add_subplot()
+    drawn = False
+    for i, arm in enumerate(profile.arms):
+        curves = []
+        for seed in profile.seeds:
+            run = out / "runs" / arm / f"seed{seed}"
+            if (run / "trainer_state.json").exists():
+                curves.append([m["agent1/reward"] for m in load_history(run) if m.get("agent1/reward") is not None])
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        mean = [statistics.fmean(c[k] for c in curves) for k in range(n)]
+        ax.plot(range(1, n + 1), ema(mean), color=f"C{i}", lw=2, label=arm)
+        drawn = True
+    if not drawn:
+        return None
+    ax.set_xlabel("training iteration")
+    ax.set_ylabel("agent1 training reward (EMA, mean over seeds)")
+    ax.set_title("Training reward per arm")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, png)
+
+
+def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str:
+    pairs = load_results(out, profile.seeds)
+    if not pairs:
+        raise FileNotFoundError(f"no evaluation under {out / 'eval'}: run the eval stage first")
+    policies = [a for a in (*profile.arms, "sft") if any(p["policy"] == a for p in pairs)]
+    mismatch, numbers = mismatch_table(pairs, policies)
+    stats, verdicts = gee_tests(pairs)
+    figure = reward_figure(out, profile, results.with_name(results.stem + "_rewards.png"))
+    n_eval = max((p["summary"]["averaged"]["n"] for p in pairs if p["kind"] == "held-out"), default=0)
+    sft = meta.get("sft", {})
+    text = [
+        f"# Mini Table 2 ({'quick' if meta.get('quick') else 'full'} run)",
+        f"Command: `{meta['command']}`  \nWall time: {meta['wall_time']}  \nDate: {meta['date']}; machine: "
+        f"{meta['machine']}.",
+        "Settings: " + json.dumps(asdict(profile)) + f"; recipe `{RECIPE.relative_to(ROOT)}`.",
+        (
+            f"SFT init: {sft['records']} records from {sft['dialogues']} training-bot dialogues, {sft['seconds']} s; "
+            f"protocol-valid self-play turns {sft['validity']['protocol']:.1%}."
+            if sft
+            else "SFT init: no record (`OUT/sft/mini_table2_sft.json`)."
+        ),
+        "## Goals\n\n" + "\n".join(f"- {g}" for g in goals(numbers, verdicts)),
+        f"## Table 2 (seat-averaged, {n_eval // 2} held-out scenarios × 2 seats per pair)\n\n"
+        "Cells: agreement / own utility / joint value (utilities over agreed episodes), mean ± sd over seeds. "
+        "`held-out (all)` pools the four held-out bots.\n\n" + main_table(pairs, policies),
+        "## Δmismatch (agreement)\n\nΔ = J_in-system − J_held-out per seed, then mean ± sd. In-system for uni_pool "
+        "is the mean over its four training bots; `sft` has no training counterpart.\n\n" + mismatch,
+        "## Cross-play (agreement; diagonal = self-play)\n\n" + cross_play_table(pairs, policies),
+        "## Statistics (logistic GEE vs ibrl, odds ratios of agreement)\n\n" + stats,
+    ]
+    if figure:
+        text.append(f"## Training reward\n\n![reward curves]({figure.name})")
+    if meta.get("times"):
+        text.append("## Stage times\n\n" + "\n".join(f"- {k}: {v:.0f} s" for k, v in meta["times"].items()))
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text("\n\n".join(text) + "\n")
+    return results.read_text()
+
+
+# -------------------------------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="1 seed, 8 iterations, 100 eval scenarios (≤ 20 min)")
+    p.add_argument("--out", default=None, help="work directory (default runs/mini_table2[_quick])")
+    p.add_argument(
+        "--results", default=None, help="results markdown (default benchmarks/results/mini_table2[_quick].md)"
+    )
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--iterations", type=int, default=None)
+    p.add_argument("--eval-scenarios", type=int, default=None)
+    p.add_argument("--arms", nargs="+", default=None, choices=FULL.arms)
+    p.add_argument("--stage", default="all", choices=["all", "sft", "train", "eval", "report"])
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    profile = QUICK if args.quick else FULL
+    overrides = {
+        "seeds": tuple(args.seeds) if args.seeds else None,
+        "iterations": args.iterations,
+        "eval_scenarios": args.eval_scenarios,
+        "arms": tuple(args.arms) if args.arms else None,
+    }
+    profile = replace(profile, **{k: v for k, v in overrides.items() if v is not None})
+    suffix = "_quick" if args.quick else ""
+    out = (ROOT / (args.out or f"runs/mini_table2{suffix}")).resolve()
+    results = (ROOT / (args.results or f"benchmarks/results/mini_table2{suffix}.md")).resolve()
+    t0 = time.perf_counter()
+    times: dict[str, float] = {}
+    sft_record = stage_sft(out, profile) if args.stage in ("all", "sft", "train", "eval") else {}
+    sft = str(out / "sft")
+    table = arms(sft, profile.single_bot)
+    if args.stage in ("all", "train"):
+        times.update(stage_train(out, profile, table, sft))
+    if args.stage in ("all", "eval"):
+        times.update(stage_eval(out, profile, table, sft))
+    if args.stage in ("all", "report", "eval"):
+        if not sft_record and (out / "sft" / "mini_table2_sft.json").exists():
+            sft_record = json.loads((out / "sft" / "mini_table2_sft.json").read_text())
+        wall = time.perf_counter() - t0
+        meta = {
+            "command": shlex.join([Path(sys.executable).name, "benchmarks/mini_table2.py", *(argv or sys.argv[1:])]),
+            "wall_time": f"{wall / 60:.1f} min (this invocation; stages reused from earlier invocations are not counted)",
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{_cpus()} CPU cores, no GPU",
+            "quick": args.quick,
+            "sft": sft_record,
+            "times": times,
+        }
+        print(write_results(out, profile, results, meta))
+        _log(f"wrote {results} in {math.ceil(wall)} s total")
+    return 0
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

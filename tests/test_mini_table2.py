@@ -1,0 +1,175 @@
+"""benchmarks/mini_table2.py without training: its commands parse as `train`/`eval` parse them, and its report
+computes the right tables, Δmismatch, cross-play matrix, GEE and goal verdicts from synthetic episodes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from marti_ibrl.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("mini_table2", ROOT / "benchmarks" / "mini_table2.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mini_table2"] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("mini_table2", None)
+
+
+def test_every_arm_is_a_valid_train_command(bench, tmp_path):
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    table = bench.arms(str(sft), "conceder")
+    assert set(table) == set(bench.FULL.arms)
+    for name, arm in table.items():
+        cmd = bench.train_command(arm, 3, tmp_path / "runs" / name, str(sft), 5)
+        assert cmd[2:5] == ["marti_ibrl.cli", "train", "--config"]
+        cfg = load_config(cmd[4:])  # exactly what `marti-ibrl train` does with these flags
+        assert cfg.train.seed == 3 and cfg.train.iterations == 5 and cfg.env.bot_speech == "markers"
+        agent1, agent2 = cfg.roles
+        assert agent1.pretrain == str(sft) and not agent1.frozen
+        if name.startswith("uni_"):
+            assert agent2.frozen and agent2.pretrain is None
+        else:
+            assert not agent2.frozen and agent2.pretrain == str(sft)
+        assert cfg.ablation == (name if name in ("shared_reward", "joint_norm", "no_stabilization") else "none")
+    assert load_config(bench.train_command(table["uni_pool"], 0, tmp_path, str(sft), 1)[4:]).roles[1].frozen == [
+        "bot:conceder",
+        "bot:fair",
+        "bot:greedy",
+        "bot:stubborn",
+    ]
+
+
+def test_eval_commands_plan_the_right_pairs(bench, tmp_path):
+    from marti_ibrl.cli import build_parser
+    from marti_ibrl.eval.command import plan
+
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    profile = bench.QUICK
+    for arm in profile.arms:
+        for role in ("agent1", "agent2"):
+            (tmp_path / "runs" / arm / "seed0" / role / "hf").mkdir(parents=True)
+    main_cmd, cross_cmd = bench.eval_commands(tmp_path, profile, bench.arms(str(sft), "fair"), str(sft), 0)
+    policies, pairs = plan(build_parser().parse_args(main_cmd[3:]))
+    assert [p.name for p in policies] == [*profile.arms, "sft"]
+    kinds = {}
+    for p, c, kind in pairs:
+        kinds.setdefault((p.name, kind), []).append(c.name)
+    assert kinds[("uni_pool", "in-system")] == [f"in-system:{b}" for b in bench.TRAINING_BOTS]
+    assert kinds[("uni_bot", "in-system")] == ["in-system"]
+    assert ("sft", "in-system") not in kinds
+    assert kinds[("ibrl", "held-out")] == list(bench.HELDOUT_BOTS)
+    assert all(kinds[(a, "self-play")] == ["self"] for a in [*profile.arms, "sft"])
+    _, cross = plan(build_parser().parse_args(cross_cmd[3:]))
+    assert len(cross) == len(profile.arms) * (len(profile.arms) - 1)
+    assert {k for _, _, k in cross} == {"cross-play"}
+
+
+SCENARIO = {"counts": [1, 1, 3], "values": [[4, 3, 1], [2, 2, 2]]}
+
+
+def _episodes(policy, counterpart, n, rate, rng):
+    """``n`` scenarios × 2 seats; each episode agreed with probability ``rate`` (agent1 gets item0+item1)."""
+    out = []
+    for i in range(n):
+        for role in ("agent1", "agent2"):
+            agreed = rng.random() < rate
+            other = "agent2" if role == "agent1" else "agent1"
+            out.append(
+                {
+                    "scenario_uid": f"s{i}",
+                    "scenario": SCENARIO,
+                    "roles": ["agent1", "agent2"],
+                    "policy": policy,
+                    "counterpart": counterpart,
+                    "policy_role": role,
+                    "seats": [role, other] if i % 2 else [other, role],
+                    "agreed": agreed,
+                    "malformed": not agreed and rng.random() < 0.1,
+                    "failed": False,
+                    "utilities": {"agent1": 7, "agent2": 6} if agreed else {"agent1": 0, "agent2": 0},
+                }
+            )
+    return out
+
+
+def _write_eval(directory: Path, rates: dict[tuple[str, str, str], float], n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    (directory / "episodes").mkdir(parents=True)
+    pairs = []
+    for (policy, counterpart, kind), rate in rates.items():
+        name = f"{policy}__{counterpart.replace(':', '-')}.jsonl"
+        lines = [json.dumps(e) for e in _episodes(policy, counterpart, n, rate, rng)]
+        (directory / "episodes" / name).write_text("\n".join(lines) + "\n")
+        pairs.append({"policy": policy, "counterpart": counterpart, "kind": kind, "file": name})
+    (directory / "pairs.json").write_text(json.dumps(pairs))
+
+
+def test_results_tables_gee_and_goals(bench, tmp_path):
+    profile = bench.replace(bench.QUICK, seeds=(0, 1), arms=("ibrl", "uni_sft", "uni_bot"))
+    held = {"ibrl": 0.7, "uni_sft": 0.45, "uni_bot": 0.3}
+    selfplay = {"ibrl": 0.8, "uni_sft": 0.4, "uni_bot": 0.75}
+    for seed in (0, 1):
+        main, cross = {}, {}
+        for arm in profile.arms:
+            main[(arm, "in-system", "in-system")] = 0.9
+            main[(arm, "self", "self-play")] = selfplay[arm]
+            for b in bench.HELDOUT_BOTS:
+                main[(arm, b, "held-out")] = held[arm]
+            for other in profile.arms:
+                if other != arm:
+                    cross[(arm, f"policy:{other}", "cross-play")] = 0.5
+        _write_eval(tmp_path / "eval" / f"seed{seed}", main, n=150, seed=seed)
+        _write_eval(tmp_path / "eval" / f"seed{seed}-cross", cross, n=40, seed=seed + 10)
+    results = tmp_path / "results" / "mini.md"
+    meta = {"command": "python benchmarks/mini_table2.py", "wall_time": "1 min", "date": "d", "machine": "m"}
+    text = bench.write_results(tmp_path, profile, results, meta)
+    assert results.read_text() == text
+
+    pairs = bench.load_results(tmp_path, profile.seeds)
+    _, numbers = bench.mismatch_table(pairs, profile.arms)
+    for arm in profile.arms:  # sampled rates land near the true ones; Δ = in-system − held-out
+        assert numbers[arm]["held_out"] == pytest.approx(held[arm], abs=0.05)
+        assert numbers[arm]["self_play"] == pytest.approx(selfplay[arm], abs=0.07)
+        assert numbers[arm]["delta"] == pytest.approx(numbers[arm]["in_system"] - numbers[arm]["held_out"])
+    ib = bench.per_arm(pairs, "ibrl", "held-out")
+    assert set(ib) == {0, 1} and all(s["n"] == 4 * 150 * 2 for s in ib.values())  # four bots pooled, both seats
+    assert ib[0]["own_utility"] == pytest.approx((7 / 10 + 6 / 10) / 2, abs=0.02)  # agent1 gets 7 of 10, agent2 6/10
+
+    # the GEE: ibrl's held-out agreement is far above both unilateral arms; seed enters as a fixed effect
+    _, verdicts = bench.gee_tests(pairs)
+    for arm in ("uni_sft", "uni_bot"):
+        row = verdicts["held-out"][arm]
+        assert row["odds_ratio"] < 0.6 and row["p_holm"] < 1e-6
+    assert "C(seed)" in text or "seed fixed effects" in text
+    lines = bench.goals(numbers, verdicts)
+    assert "(uni_sft)" in lines[0] and "**met**" in lines[0]  # best single-counterpart arm is uni_sft (.45)
+    assert any("uni_bot" in g and "not met" in g for g in lines[1:])  # self-play .80 vs .75: +5 < +10
+    assert any("uni_sft" in g and "**met**" in g for g in lines[1:])
+    matrix = text.split("## Cross-play")[1].split("##")[0]
+    diagonal = f"{numbers['ibrl']['self_play']:.2f}"
+    assert f"| ibrl | {diagonal} | 0.5" in matrix or f"| ibrl | {diagonal} | 0.4" in matrix  # cross-play ≈ .5
+    assert "![reward curves]" not in text  # no training runs under tmp_path: no figure claimed
+
+
+def test_goal_not_met_when_ibrl_is_worse(bench):
+    numbers = {
+        "ibrl": {"held_out": 0.40, "self_play": 0.5, "in_system": 0.9, "delta": 0.5},
+        "uni_bot": {"held_out": 0.42, "self_play": 0.45, "in_system": 0.95, "delta": 0.53},
+    }
+    verdicts = {"held-out": {"uni_bot": {"p_holm": 0.5}}}
+    lines = bench.goals(numbers, verdicts)
+    assert "-2.0 points" in lines[0] and "not met" in lines[0]
+    assert "+5.0 points" in lines[1] and "not met" in lines[1]
