@@ -54,7 +54,7 @@ class Profile:
     iterations: int = 40
     eval_scenarios: int = 500
     cross_play_scenarios: int = 200
-    sft_dialogues: int = 4000  # bot-vs-bot dialogues -> two SFT records each
+    sft_dialogues: int = 8000  # bot-vs-bot dialogues -> two SFT records each
     sft_epochs: int = 1
     single_bot: str = "conceder"  # the uni_bot arm's counterpart
     arms: tuple[str, ...] = (
@@ -69,11 +69,20 @@ class Profile:
 
 
 FULL = Profile()
-QUICK = replace(FULL, seeds=(0,), iterations=8, eval_scenarios=100, cross_play_scenarios=50)
+# --quick: the four main arms (the ablations only in the full run), 1 seed, 5 iterations, small evaluation; ≈ 20 min
+# on 2 cores once the SFT init exists (measured: benchmarks/results/mini_table2_quick.md).
+QUICK = replace(
+    FULL,
+    seeds=(0,),
+    iterations=5,
+    eval_scenarios=50,
+    cross_play_scenarios=25,
+    arms=("ibrl", "uni_sft", "uni_bot", "uni_pool"),
+)
 
 # The SFT init (tiny model + OpenRLHF SFT). Measured settings: see the results file.
-TINY_MODEL = dict(hidden_size=128, num_layers=2, intermediate_size=256)
-SFT = dict(lr=1e-2, batch_size=16, micro_batch_size=8, max_len=512)
+TINY_MODEL = dict(hidden_size=128, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=256)
+SFT = dict(lr=7e-3, batch_size=16, micro_batch_size=16, max_len=512)
 
 
 @dataclass
@@ -138,13 +147,14 @@ def _run(cmd: list[str], log: Path) -> float:
 # ------------------------------------------------------------------------------------------------------------ stages
 
 
-def stage_sft(out: Path, profile: Profile) -> dict:
-    """The SFT init in OUT/sft (reused when present); returns its record (validity, time, settings)."""
+def stage_sft(sft_dir: Path, profile: Profile) -> dict:
+    """The SFT init in ``sft_dir`` (reused when present); returns its record (validity, time, settings)."""
     from marti_ibrl.envs.dond import DondEnv, generate_scenarios
     from marti_ibrl.sft import run_sft, sft_records, validity_report, write_sft_data
     from marti_ibrl.tiny import build_tiny_dond_model
 
-    record_path = out / "sft" / "mini_table2_sft.json"
+    record_path = sft_dir / "mini_table2_sft.json"
+    out = sft_dir.parent
     if record_path.exists():
         return json.loads(record_path.read_text())
     env_cfg = recipe_env()
@@ -152,15 +162,15 @@ def stage_sft(out: Path, profile: Profile) -> dict:
         prompt_style=env_cfg["prompt_style"], max_rounds=env_cfg["max_rounds"], bot_speech=env_cfg["bot_speech"]
     )
     t0 = time.perf_counter()
-    tiny = build_tiny_dond_model(out / "tiny", prompt_style=env_cfg["prompt_style"], n_scenarios=64, **TINY_MODEL)
+    tiny = build_tiny_dond_model(out / "tiny_init", prompt_style=env_cfg["prompt_style"], n_scenarios=64, **TINY_MODEL)
     # scenario seeds: SFT 1, training = the run seed's generator, evaluation 20260 (marti-ibrl eval's default)
     records = sft_records(env, generate_scenarios(profile.sft_dialogues, 1), list(TRAINING_BOTS), seed=0)
-    data = write_sft_data(out / "sft_data.jsonl", records)
+    data = write_sft_data(out / "sft_init_data.jsonl", records)
     _log(f"SFT: {len(records)} records from {profile.sft_dialogues} bot-bot dialogues -> {data}")
     with tqdm(desc="SFT (OpenRLHF)", unit="step") as bar:
-        run_sft(tiny, data, str(out / "sft"), seed=0, epochs=profile.sft_epochs, progress=lambda _: bar.update(), **SFT)
+        run_sft(tiny, data, str(sft_dir), seed=0, epochs=profile.sft_epochs, progress=lambda _: bar.update(), **SFT)
     seconds = time.perf_counter() - t0
-    check = validity_report(str(out / "sft"), env, generate_scenarios(200, 2), n_turns=4, seed=0)
+    check = validity_report(str(sft_dir), env, generate_scenarios(200, 2), n_turns=4, seed=0)
     record = {
         "records": len(records),
         "dialogues": profile.sft_dialogues,
@@ -179,6 +189,7 @@ def train_command(arm: Arm, seed: int, run: Path, sft: str, iterations: int) -> 
     """The ``marti-ibrl train`` command of one (arm, seed)."""
     cmd = [sys.executable, "-m", "marti_ibrl.cli", "train", "--config", str(RECIPE)]
     cmd += ["--train.seed", str(seed), "--train.iterations", str(iterations), "--ckpt.path", str(run)]
+    cmd += ["--ckpt.load_enable", "true"]  # an interrupted run resumes from its last committed iteration
     cmd += ["--role1.pretrain", sft]
     if "--role2.frozen" not in arm.flags:
         cmd += ["--role2.pretrain", sft]
@@ -214,7 +225,7 @@ def eval_commands(out: Path, profile: Profile, table: dict[str, Arm], sft: str, 
     common = [sys.executable, "-m", "marti_ibrl.cli", "eval", "--seed", str(seed)]
     common += ["--prompt-style", env["prompt_style"], "--max-rounds", str(env["max_rounds"])]
     common += ["--bot-speech", env["bot_speech"], "--max-new-tokens", str(env["max_new_tokens"])]
-    common += ["--max-len", str(env["max_len"])]
+    common += ["--max-len", str(env["max_len"]), "--num-engines", "2", "--batch", "128"]  # one engine per core
     policies = []
     for name in profile.arms:
         policies += ["--policy", f"{name}={out / 'runs' / name / f'seed{seed}' / 'agent1' / 'hf'}"]
@@ -502,14 +513,16 @@ def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="1 seed, 8 iterations, 100 eval scenarios (≤ 20 min)")
+    p.add_argument("--quick", action="store_true", help="4 main arms, 1 seed, 5 iterations, 50 eval scenarios")
     p.add_argument("--out", default=None, help="work directory (default runs/mini_table2[_quick])")
+    p.add_argument("--sft-dir", default="runs/mini_table2/sft", help="the SFT init, built once, shared by quick/full")
     p.add_argument(
         "--results", default=None, help="results markdown (default benchmarks/results/mini_table2[_quick].md)"
     )
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--iterations", type=int, default=None)
     p.add_argument("--eval-scenarios", type=int, default=None)
+    p.add_argument("--cross-play-scenarios", type=int, default=None)
     p.add_argument("--arms", nargs="+", default=None, choices=FULL.arms)
     p.add_argument("--stage", default="all", choices=["all", "sft", "train", "eval", "report"])
     return p.parse_args(argv)
@@ -522,6 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seeds": tuple(args.seeds) if args.seeds else None,
         "iterations": args.iterations,
         "eval_scenarios": args.eval_scenarios,
+        "cross_play_scenarios": args.cross_play_scenarios,
         "arms": tuple(args.arms) if args.arms else None,
     }
     profile = replace(profile, **{k: v for k, v in overrides.items() if v is not None})
@@ -530,16 +544,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = (ROOT / (args.results or f"benchmarks/results/mini_table2{suffix}.md")).resolve()
     t0 = time.perf_counter()
     times: dict[str, float] = {}
-    sft_record = stage_sft(out, profile) if args.stage in ("all", "sft", "train", "eval") else {}
-    sft = str(out / "sft")
+    sft_dir = (ROOT / args.sft_dir).resolve()
+    sft_record = stage_sft(sft_dir, profile) if args.stage in ("all", "sft", "train", "eval") else {}
+    sft = str(sft_dir)
     table = arms(sft, profile.single_bot)
     if args.stage in ("all", "train"):
         times.update(stage_train(out, profile, table, sft))
     if args.stage in ("all", "eval"):
         times.update(stage_eval(out, profile, table, sft))
     if args.stage in ("all", "report", "eval"):
-        if not sft_record and (out / "sft" / "mini_table2_sft.json").exists():
-            sft_record = json.loads((out / "sft" / "mini_table2_sft.json").read_text())
+        if not sft_record and (sft_dir / "mini_table2_sft.json").exists():
+            sft_record = json.loads((sft_dir / "mini_table2_sft.json").read_text())
         wall = time.perf_counter() - t0
         meta = {
             "command": shlex.join([Path(sys.executable).name, "benchmarks/mini_table2.py", *(argv or sys.argv[1:])]),

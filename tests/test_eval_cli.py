@@ -169,6 +169,7 @@ def test_eval_cli_end_to_end(tmp_path, monkeypatch, capsys):
         (["--policy", "p=/no/such/dir", "--counterpart", "bot:greedy"], "--policy p=/no/such/dir: not a checkpoint"),
         (["--policy", "p=bot:greedy", "--counterpart", "bot:fair"], "not a checkpoint directory"),
         (["--policy", "p={ckpt}"], "nothing to play"),
+        (["--policy", "p={ckpt}", "--self-play", "--batch", "0"], "--batch, --num-engines and -n must be >= 1"),
         (["--policy", "p={ckpt}", "--counterpart", "zzz:1"], "unknown player kind"),
         (["--policy", "p={ckpt}", "--counterpart", "heldout:hardlinr"], "unknown held-out bot 'hardlinr'"),
         (["--policy", "p={ckpt}", "--in-system", "p=bot:nope"], "unknown scripted bot 'nope'"),

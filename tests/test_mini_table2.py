@@ -57,7 +57,7 @@ def test_eval_commands_plan_the_right_pairs(bench, tmp_path):
 
     sft = tmp_path / "sft"
     sft.mkdir()
-    profile = bench.QUICK
+    profile = bench.FULL  # every arm
     for arm in profile.arms:
         for role in ("agent1", "agent2"):
             (tmp_path / "runs" / arm / "seed0" / role / "hf").mkdir(parents=True)

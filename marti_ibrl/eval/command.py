@@ -55,6 +55,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-len", type=int, default=2048)
     p.add_argument("--num-engines", type=int, default=1, help="rollout engines per checkpoint")
+    p.add_argument("--batch", type=int, default=64, help="episodes played concurrently (split across the engines)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--out", required=True, help="output directory")
@@ -98,6 +99,8 @@ def plan(args) -> tuple[list, list[tuple]]:
         pairs += [(p, c, "held-out") for c in counterparts]
     if not pairs:
         raise ValueError("nothing to play: give --counterpart, --in-system, --self-play or --cross-play")
+    if args.batch < 1 or args.num_engines < 1 or args.num_scenarios < 1:
+        raise ValueError("--batch, --num-engines and -n must be >= 1")
     # one file per pair, and a counterpart never shares a policy's name (the runner batches turns by name)
     files = [episodes_file(p, c) for p, c, _ in pairs]
     clash = [c.name for c in counterparts if c.name in names] + [f for f in dict.fromkeys(files) if files.count(f) > 1]
@@ -148,7 +151,7 @@ def cmd_eval(args) -> int:
     checkpoints = sorted({spec for p, c, _ in pairs for spec in (p.spec, c.spec) if spec.startswith("checkpoint:")})
     engines = _engine_factory(args, len(checkpoints)) if checkpoints else None
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
-    ev = Evaluator(env, scenarios, sampling, args.max_len, 2, engines, seed=args.seed)
+    ev = Evaluator(env, scenarios, sampling, args.max_len, 2, engines, seed=args.seed, chunk=args.batch)
     out = Path(args.out)
     results = []
     try:
