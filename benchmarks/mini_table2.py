@@ -441,7 +441,7 @@ def goals(numbers: dict[str, dict], verdicts: dict) -> list[str]:
 
 def reward_figure(out: Path, profile: Profile, png: Path) -> Path | None:
     """agent1's training reward per iteration, one line per arm (mean over seeds, EMA-smoothed)."""
-    from marti_ibrl.eval.diagnostics import _figure, _save, ema, load_history
+    from marti_ibrl.eval.diagnostics import _figure, _save, ema, finish_axes, load_history
 
     fig = _figure((7.5, 4.5))
     ax = fig.add_subplot()
@@ -460,12 +460,7 @@ def reward_figure(out: Path, profile: Profile, png: Path) -> Path | None:
         drawn = True
     if not drawn:
         return None
-    ax.set_xlabel("training iteration")
-    ax.set_ylabel("agent1 training reward (EMA, mean over seeds)")
-    ax.set_title("Training reward per arm")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
+    finish_axes(ax, "training iteration", "agent1 training reward (EMA, mean over seeds)", "Training reward per arm")
     return _save(fig, png)
 
 

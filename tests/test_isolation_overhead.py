@@ -3,31 +3,24 @@ both train (finite, non-zero gradients), pairs alternate their order, and the la
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from bench_loader import benchmark_module
 from openrlhf.models.loss import PolicyLoss
 
 from marti_ibrl.algorithm.advantages import role_advantages
 from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 
-ROOT = Path(__file__).resolve().parents[1]
 TOY = dict(hidden=32, layers=1, heads=2, batch=8, seq=48, group=4)
 
 
 @pytest.fixture(scope="module")
 def overhead():
-    spec = importlib.util.spec_from_file_location("isolation_overhead", ROOT / "benchmarks" / "isolation_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["isolation_overhead"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("isolation_overhead", None)
+    with benchmark_module("isolation_overhead") as module:
+        yield module
 
 
 @pytest.mark.parametrize("all_ones_mask", [True, False], ids=["all-ones-mask", "dialogue-mask"])

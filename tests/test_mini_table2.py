@@ -3,27 +3,20 @@ computes the right tables, Δmismatch, cross-play matrix, GEE and goal verdicts 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
+from bench_loader import benchmark_module
 
 from marti_ibrl.config import load_config
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("mini_table2", ROOT / "benchmarks" / "mini_table2.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mini_table2"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("mini_table2", None)
+    with benchmark_module("mini_table2") as module:
+        yield module
 
 
 def test_every_arm_is_a_valid_train_command(bench, tmp_path):

@@ -107,13 +107,18 @@ def plot_reward_curves(
         color = f"C{i}"
         ax.plot(s["iteration"], s["raw"], color=color, lw=1.0, alpha=0.35, marker="o", ms=3, label=f"{role} (raw)")
         ax.plot(s["iteration"], s["ema"], color=color, lw=2.4, label=f"{role} (EMA, α={alpha:g})")
-    ax.set_xlabel("training iteration")
-    ax.set_ylabel("mean training reward")
-    ax.set_title("Per-role training reward")
+    finish_axes(ax, "training iteration", "mean training reward", "Per-role training reward")
+    return fig
+
+
+def finish_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """The house style of our line plots: labels, title, light grid, small legend, tight layout."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    return fig
+    ax.figure.tight_layout()
 
 
 def reward_curves(

@@ -1,0 +1,25 @@
+"""Import a script of ``benchmarks/`` as a module, for the tests of the benchmarks."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def benchmark_module(name: str) -> Iterator:
+    """``benchmarks/NAME.py`` as module ``NAME`` (registered in sys.modules while in use: dataclasses resolve
+    their annotations through it)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
