@@ -35,8 +35,8 @@ from marti_ibrl.procenv import child_env_vars
 Record = dict[str, Any]
 
 # Demo warm start (tiny model: DEMO_TINY_MODEL, dond_corpus + compact prompts; compact prompts, max_rounds=10).
-# Measured on 2 shared CPU cores: 1280 records, 144 optimizer steps, loss 6.31 -> 0.27-0.32; ~4 min wall on a
-# lightly loaded machine (12 min under heavy load); protocol validity of sampled opening turns 0% -> ~40-50%
+# Measured on 2 shared CPU cores: 1280 records, 144 optimizer steps, loss 6.31 -> 0.25-0.32; ~2 min wall in fp32
+# (~4 min in bf16, 12 min under heavy load); protocol validity of sampled opening turns 0% -> ~40-60%
 # (max_new_tokens=64). It does NOT reach 90% within the ~3 min budget: small batches (many steps) matter most.
 DEMO_SFT: dict[str, Any] = dict(
     n_scenarios=640,  # one bot dialogue per scenario -> 2 records each
