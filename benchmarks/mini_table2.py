@@ -38,10 +38,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from marti_ibrl.envs.dond.bots import TRAINING_BOTS as _TRAINING_BOT_REGISTRY
+from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS as _HELDOUT_BOT_REGISTRY
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "dond" / "mini-table2.yaml"
-TRAINING_BOTS = ("conceder", "fair", "greedy", "stubborn")  # marti_ibrl.envs.dond.bots.TRAINING_BOTS
-HELDOUT_BOTS = ("hardliner", "tit_for_tat", "slow_conceder", "fast_conceder")  # envs/dond/heldout.py
+TRAINING_BOTS = tuple(sorted(_TRAINING_BOT_REGISTRY))  # conceder, fair, greedy, stubborn
+HELDOUT_BOTS = tuple(_HELDOUT_BOT_REGISTRY)  # hardliner, tit_for_tat, slow_conceder, fast_conceder
 UNILATERAL = ("uni_sft", "uni_bot", "uni_pool")
 SINGLE_COUNTERPART = ("uni_sft", "uni_bot")  # the goal compares IB-RL with the best of these
 

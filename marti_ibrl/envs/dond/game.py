@@ -29,10 +29,11 @@ DEAL = "deal"
 NO_TRY = "selection_without_try"
 MISMATCH = "selections_not_complementary"
 DISAGREE = "disagree"
-BOT_SPEECH = ("natural", "markers")
-"""How scripted negotiators speak: ``natural`` (a sentence + the marker) or ``markers`` (the marker only)."""
 TURN_LIMIT = "turn_limit"
 MALFORMED = "malformed"
+
+BOT_SPEECH = ("natural", "markers")
+"""How scripted negotiators speak: ``natural`` (a sentence + the marker) or ``markers`` (the marker only)."""
 
 
 def utility(alloc: Sequence[int], values: Sequence[int]) -> int:
