@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import statistics
 import subprocess
@@ -502,8 +503,9 @@ def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str
     if meta.get("times"):
         text.append("## Stage times\n\n" + "\n".join(f"- {k}: {v:.0f} s" for k, v in meta["times"].items()))
     results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text("\n\n".join(text) + "\n")
-    return results.read_text()
+    markdown = "\n\n".join(text) + "\n"
+    results.write_text(markdown)
+    return markdown
 
 
 # -------------------------------------------------------------------------------------------------------------- main
@@ -569,8 +571,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cpus() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
