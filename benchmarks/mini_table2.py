@@ -125,6 +125,7 @@ def recipe_env() -> dict:
         "prompt_style": r.env.prompt_style,
         "max_rounds": int(r.env.max_rounds),
         "bot_speech": r.env.bot_speech,
+        "show_complement": bool(r.env.get("show_complement", False)),
         "max_new_tokens": int(r.rollout.max_new_tokens),
         "max_len": int(r.rollout.max_len),
     }
@@ -159,11 +160,21 @@ def stage_sft(sft_dir: Path, profile: Profile) -> dict:
 
     record_path = sft_dir / "mini_table2_sft.json"
     out = sft_dir.parent
-    if record_path.exists():
-        return json.loads(record_path.read_text())
     env_cfg = recipe_env()
+    data_env = {k: env_cfg[k] for k in ("prompt_style", "max_rounds", "bot_speech", "show_complement")}
+    if record_path.exists():
+        record = json.loads(record_path.read_text())
+        if record.get("env") != data_env:
+            raise SystemExit(
+                f"{sft_dir} was trained on dialogues with env settings {record.get('env')}, the recipe now has "
+                f"{data_env}: pass a new --sft-dir (or remove that one) to train a matching SFT init"
+            )
+        return record
     env = DondEnv(
-        prompt_style=env_cfg["prompt_style"], max_rounds=env_cfg["max_rounds"], bot_speech=env_cfg["bot_speech"]
+        prompt_style=env_cfg["prompt_style"],
+        max_rounds=env_cfg["max_rounds"],
+        bot_speech=env_cfg["bot_speech"],
+        show_complement=env_cfg["show_complement"],
     )
     t0 = time.perf_counter()
     tiny = build_tiny_dond_model(out / "tiny_init", prompt_style=env_cfg["prompt_style"], n_scenarios=64, **TINY_MODEL)
@@ -181,6 +192,7 @@ def stage_sft(sft_dir: Path, profile: Profile) -> dict:
         "epochs": profile.sft_epochs,
         "tiny_model": TINY_MODEL,
         "hparams": SFT,
+        "env": data_env,
         "seconds": round(seconds, 1),
         "validity": check,
     }
@@ -230,6 +242,7 @@ def eval_commands(out: Path, profile: Profile, table: dict[str, Arm], sft: str, 
     common += ["--prompt-style", env["prompt_style"], "--max-rounds", str(env["max_rounds"])]
     common += ["--bot-speech", env["bot_speech"], "--max-new-tokens", str(env["max_new_tokens"])]
     common += ["--max-len", str(env["max_len"]), "--num-engines", "2", "--batch", "128"]  # one engine per core
+    common += ["--show-complement"] if env["show_complement"] else []
     policies = []
     for name in profile.arms:
         policies += ["--policy", f"{name}={out / 'runs' / name / f'seed{seed}' / 'agent1' / 'hf'}"]

@@ -77,6 +77,10 @@ class EnvConfig:
     bot_speech: str = "natural"
     """How scripted negotiators speak: ``natural`` (a sentence + the protocol marker) or ``markers`` (the marker
     alone: 17-token turns instead of ~40, for tiny CPU models; SFT data, frozen ``bot:`` counterparts, held-out bots)."""
+    show_complement: bool = False
+    """DoND only: show each ``<try>``/``<selection>`` to the listener with the units it leaves them
+    (``"... (you get item0=N item1=N item2=N)"``), so accepting is copying rather than subtracting; an observation
+    aid for tiny models trained from scratch (the game and its rewards are unchanged)."""
     data: str | None = None
     """Lewis-format scenario file; when empty, scenarios come from the seeded generator."""
     num_scenarios: int = 4096
@@ -303,6 +307,7 @@ def validate(cfg: Config) -> None:
     need(cfg.env.max_resamples >= 0, "env.max_resamples", "must be >= 0")
     need(cfg.env.prompt_style in ("paper", "compact"), "env.prompt_style", "must be paper or compact")
     need(cfg.env.bot_speech in ("natural", "markers"), "env.bot_speech", "must be natural or markers")
+    need(not cfg.env.show_complement or cfg.env.name == "dond", "env.show_complement", "is for the two-party dond")
     need(cfg.env.data is None or Path(cfg.env.data).is_file(), "env.data", f"no such file {cfg.env.data}")
     need(cfg.rollout.n_samples_per_prompt >= 2, "rollout.n_samples_per_prompt", "GRPO groups need G >= 2 (Eq. 4)")
     need(cfg.rollout.batch_size >= 1, "rollout.batch_size", "must be >= 1")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from marti_ibrl.envs.dond import DondEnv, DondScenario, make_bot, parse_utterance, play_dialogue
+from marti_ibrl.envs.dond.game import is_complementary
 from marti_ibrl.procenv import child_env_vars
 
 Record = dict[str, Any]
@@ -58,13 +59,17 @@ VALIDITY_MAX_NEW_TOKENS = 64
 
 
 def role_messages(env: DondEnv, scenario: DondScenario, history: Sequence[tuple[str, str]], role: str) -> list[dict]:
-    """``role``'s chat: its system prompt, own turns as ``assistant``, the counterpart's as ``user``.
+    """``role``'s chat: its system prompt, own turns as ``assistant``, the counterpart's as ``user`` (shown as the
+    rollout shows them, ``env.counterpart_text``).
 
     Messages after the role's last own turn are dropped (see the module doc); empty if it never spoke.
     """
     messages = [{"role": "system", "content": env.system_prompt(scenario, role)}]
     for speaker, text in history:
-        messages.append({"role": "assistant" if speaker == role else "user", "content": text})
+        if speaker == role:
+            messages.append({"role": "assistant", "content": text})
+        else:
+            messages.append({"role": "user", "content": env.counterpart_text(speaker, text, scenario)})
     while messages and messages[-1]["role"] != "assistant":
         messages.pop()
     return messages
@@ -292,6 +297,13 @@ def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Any, Any]:
     return ids, attn
 
 
+def _last_offer(state: Any, role: str) -> tuple[int, int, int] | None:
+    """The allocation of the counterpart's last turn when it was a ``<try>``/``<selection>``, else None."""
+    if not state.history or state.history[-1][0] == role:
+        return None
+    return parse_utterance(state.history[-1][1]).alloc
+
+
 def validity_report(
     model_dir: str,
     env: DondEnv,
@@ -311,7 +323,9 @@ def validity_report(
       turn, so even an untrained model scores ~1.0 here;
     * ``protocol``: valid, ended with eos within ``max_new_tokens``, and a move (``<try>``, ``<selection>`` or
       ``<disagree>``), as every scripted-bot turn is; ``turn{t}``: the same for turn ``t`` only;
-    * ``truncated``: cut at ``max_new_tokens``.
+    * ``truncated``: cut at ``max_new_tokens``;
+    * ``complement``: of the ``<selection>`` turns answering the counterpart's ``<try>``/``<selection>``
+      (``n_answers`` of them), the fraction that would close the deal (the exact complement of that offer).
 
     A turn that is not a protocol move ends its dialogue (later turns are not sampled); ``n`` counts the turns.
     """
@@ -328,7 +342,7 @@ def validity_report(
         seats = roles if i % 2 == 0 else roles[::-1]
         views = {r: RoleView(tokenizer, env.system_prompt(scenario, r)) for r in roles}
         live.append((env.new_state(scenario, seats), views))
-    sampled = valid = protocol = truncated = 0
+    sampled = valid = protocol = truncated = answers = completes = 0
     per_turn: dict[str, float] = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
@@ -357,7 +371,12 @@ def validity_report(
                     gen = row[: row.index(eos_id) + 1] if finished else row
                     text = tokenizer.decode(gen, skip_special_tokens=True).strip()
                     role = state.next_role
+                    offer = _last_offer(state, role)
                     result = env.step(state, role, text)
+                    action = parse_utterance(text)
+                    if offer is not None and action.kind == "selection":
+                        answers += 1
+                        completes += int(is_complementary(state.scenario.counts, offer, action.alloc))
                     sampled += 1
                     truncated += int(not finished)
                     valid += int(result.valid)
@@ -368,7 +387,7 @@ def validity_report(
                     views[role].add_own(gen, None, finished=finished)
                     for other, view in views.items():
                         if other != role:
-                            view.add_counterpart(text)
+                            view.add_counterpart(env.counterpart_text(role, text, state.scenario))
                     if not result.done:
                         still.append((state, views))
             per_turn[f"turn{t}"] = turn_ok / len(live)
@@ -378,6 +397,8 @@ def validity_report(
         "protocol": protocol / max(sampled, 1),
         "truncated": truncated / max(sampled, 1),
         "n": float(sampled),
+        "complement": completes / max(answers, 1),
+        "n_answers": float(answers),
         **per_turn,
     }
 

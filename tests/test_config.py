@@ -141,6 +141,7 @@ def test_missing_config_file(base: list[str], tmp_path: Path) -> None:
         (["--role2.eps_clip", "1.5"], "--role2.eps_clip: ", "(0, 1)"),
         (["--env.prompt_style", "fancy"], "--env.prompt_style: ", "paper or compact"),
         (["--env.name", "chess"], "--env.name: ", "unknown environment"),
+        (["--env.name", "dond3", "--env.show_complement", "true"], "--env.show_complement: ", "two-party dond"),
         (["--rollout.max_len", "48"], "--rollout.max_len: ", "max_new_tokens"),
         (
             ["--rollout.batch_size", "3", "--rollout.n_samples_per_prompt", "2", "--train.micro_batch_size", "4"],

@@ -222,3 +222,19 @@ def test_strategies_differ() -> None:
         _, outcome = play_dialogue(env, scenario, {A: make_bot("stubborn"), B: make_bot("conceder")}, seed=i)
         totals.update({r: int(u) for r, u in outcome.utilities.items()})
     assert totals[A] > totals[B] + 100, totals
+
+
+def test_counterpart_text_shows_the_complement_only_when_asked() -> None:
+    offer = format_try((1, 1, 0))  # agent1 keeps item0 and one item1 of counts (1, 4, 1)
+    assert DondEnv().counterpart_text(A, offer, SCENARIO) == offer
+    env = DondEnv(show_complement=True)
+    shown = env.counterpart_text(A, f"How about this? {offer}", SCENARIO)
+    assert shown == f"How about this? {offer} (you get item0=0 item1=3 item2=1)"
+    assert parse_utterance(shown).alloc == (1, 1, 0)  # the note adds no marker: it parses as written
+    sel = env.counterpart_text(B, format_selection((0, 4, 0)), SCENARIO)
+    assert sel.endswith("(you get item0=1 item1=0 item2=1)")
+    # accepting by copying the note closes the deal
+    state = play(env, [offer, format_selection((0, 3, 1)), format_selection((1, 1, 0))])
+    assert state.agreed
+    for text in ("Hello there.", "<disagree>", format_try((2, 0, 0)), "<try> item0=1 <try>"):
+        assert env.counterpart_text(A, text, SCENARIO) == text  # chat, quit, impossible or malformed: unchanged

@@ -251,7 +251,7 @@ def test_generator_is_deterministic_and_valid() -> None:
 
 
 def test_counterpart_text() -> None:
-    assert ThreePartyDondEnv().counterpart_text(B, "Hi. <disagree>") == "agent2: Hi. <disagree>"
+    assert ThreePartyDondEnv().counterpart_text(B, "Hi. <disagree>", SCENARIO) == "agent2: Hi. <disagree>"
 
 
 @pytest.mark.parametrize("style", ["paper", "compact"])

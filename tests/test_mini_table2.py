@@ -166,3 +166,18 @@ def test_goal_not_met_when_ibrl_is_worse(bench):
     lines = bench.goals(numbers, verdicts)
     assert "-2.0 points" in lines[0] and "not met" in lines[0]
     assert "+5.0 points" in lines[1] and "not met" in lines[1]
+
+
+def test_recipe_env_reaches_eval_and_a_stale_sft_init_is_refused(bench, tmp_path):
+    from marti_ibrl.cli import build_parser
+
+    env = bench.recipe_env()
+    assert env["show_complement"] is True and env["bot_speech"] == "markers"
+    main_cmd, _ = bench.eval_commands(tmp_path, bench.QUICK, bench.arms("sft", "fair"), "sft", 0)
+    args = build_parser().parse_args(main_cmd[3:])
+    assert args.show_complement and args.bot_speech == "markers" and args.prompt_style == env["prompt_style"]
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "mini_table2_sft.json").write_text(json.dumps({"env": {**env, "show_complement": False}}))
+    with pytest.raises(SystemExit, match="pass a new --sft-dir"):
+        bench.stage_sft(sft, bench.QUICK)

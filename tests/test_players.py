@@ -79,7 +79,7 @@ def test_chat_messages_roles(env, scenario):
 
 def test_chat_messages_counterpart_text(env, scenario):
     class Prefixed(DondEnv):
-        def counterpart_text(self, speaker: str, text: str) -> str:
+        def counterpart_text(self, speaker: str, text: str, scenario) -> str:
             return f"[{speaker}] {text}"
 
     traj = _traj(scenario, [_turn("agent1", "a"), _turn("agent2", "b"), _turn("agent1", "c")])

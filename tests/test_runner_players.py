@@ -261,3 +261,16 @@ def test_same_seed_replays_the_same_rollouts(env, tok, vs_greedy, no_ray) -> Non
     assert [t.views["agent1"].ids for t in again] == [t.views["agent1"].ids for t in first]
     other, _ = _run(env, tok, _bot("greedy"), seed=1)
     assert _signature(other) != _signature(first)
+
+
+def test_show_complement_reaches_the_policy_view_not_the_transcript(tok, no_ray) -> None:
+    env = DondEnv(prompt_style="compact", max_rounds=6, show_complement=True)
+    trajs, _ = _run(env, tok, _bot("greedy"))
+    notes = 0
+    for t in trajs:
+        bot_texts = [turn.text for turn in t.turns if turn.role == "agent2"]
+        shown = [m["content"] for m in t.views["agent1"].messages if m["role"] == "user"]
+        assert shown == [env.counterpart_text("agent2", x, t.scenario) for x in bot_texts]
+        notes += sum("(you get item0=" in s for s in shown)
+        assert not any("(you get" in turn.text for turn in t.turns)  # transcripts keep what was said
+    assert notes >= len(trajs)  # every greedy-bot turn is an offer: each dialogue shows at least one note

@@ -134,3 +134,25 @@ def test_sft_run_through_openrlhf_cli(env: DondEnv, tiny_dir: str, tmp_path: Pat
     assert before > 5.5  # ~ln(vocab size): untrained
     print(f"held-out own-turn NLL: untrained {before:.3f}, after SFT {after:.3f}; loss curve {curve}")
     assert after < before - 0.5, (before, after)
+
+
+def test_records_show_offers_as_the_rollout_does(scenarios) -> None:
+    from marti_ibrl.sft import _last_offer
+
+    env = DondEnv(prompt_style="compact", max_rounds=10, show_complement=True)
+    plain = sft_records(DondEnv(prompt_style="compact", max_rounds=10), scenarios, BOTS, seed=0)
+    shown = sft_records(env, scenarios, BOTS, seed=0)
+    notes = 0
+    for i, (a, b) in enumerate(zip(plain, shown, strict=True)):
+        scenario = scenarios[i // 2]
+        for m_plain, m_shown in zip(a["messages"], b["messages"], strict=True):
+            if m_plain["role"] == "user":
+                assert m_shown["content"] == env.counterpart_text("x", m_plain["content"], scenario)
+                notes += m_shown["content"] != m_plain["content"]
+            else:
+                assert m_shown == m_plain  # own turns and the system prompt are never rewritten
+    assert notes > len(scenarios)
+    state = env.new_state(scenarios[0])
+    assert _last_offer(state, "agent1") is None
+    env.step(state, "agent1", "<try> item0=0 item1=0 item2=0 <try>")
+    assert _last_offer(state, "agent2") == (0, 0, 0) and _last_offer(state, "agent1") is None

@@ -19,6 +19,7 @@ def make_env(cfg: EnvConfig, seed: int) -> tuple[DialogueEnv, list[tuple[str, ob
             invalid_penalty=cfg.invalid_penalty,
             prompt_style=cfg.prompt_style,
             bot_speech=cfg.bot_speech,
+            show_complement=cfg.show_complement,
         )
         scenarios = load_lewis_file(cfg.data) if cfg.data else generate_scenarios(cfg.num_scenarios, seed)
         return env, [(s.uid, s) for s in scenarios]

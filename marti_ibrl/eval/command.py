@@ -49,6 +49,11 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=1, help="episodes per scenario and seat")
     p.add_argument("--prompt-style", default="paper", choices=["paper", "compact"])
     p.add_argument("--bot-speech", default="natural", choices=["natural", "markers"], help="how bots speak")
+    p.add_argument(
+        "--show-complement",
+        action="store_true",
+        help="show offers with the units they leave the listener (as training with --env.show_complement true)",
+    )
     p.add_argument("--max-rounds", type=int, default=10)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -169,7 +174,12 @@ def cmd_eval(args) -> int:
 def _env_and_scenarios(args):
     from marti_ibrl.envs.dond import DondEnv, generate_scenarios, load_lewis_file
 
-    env = DondEnv(max_rounds=args.max_rounds, prompt_style=args.prompt_style, bot_speech=args.bot_speech)
+    env = DondEnv(
+        max_rounds=args.max_rounds,
+        prompt_style=args.prompt_style,
+        bot_speech=args.bot_speech,
+        show_complement=args.show_complement,
+    )
     if args.data:
         scenarios = load_lewis_file(args.data)[: args.num_scenarios]
     else:

@@ -85,7 +85,11 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
     other_cfg = cfg.roles[roles.index(other)]
     fixed_spec = fixed or f"checkpoint:{other_cfg.pretrain}"
     env = DondEnv(
-        roles=roles, max_rounds=cfg.env.max_rounds, prompt_style=cfg.env.prompt_style, bot_speech=cfg.env.bot_speech
+        roles=roles,
+        max_rounds=cfg.env.max_rounds,
+        prompt_style=cfg.env.prompt_style,
+        bot_speech=cfg.env.bot_speech,
+        show_complement=cfg.env.show_complement,
     )
     scenarios = [(s.uid, s) for s in generate_scenarios(n, scenario_seed)]
     sampling = {

@@ -61,7 +61,7 @@ def chat_messages(env: Any, traj: Trajectory, role: str) -> list[dict[str, str]]
     """OpenAI chat messages of ``traj`` so far from ``role``'s perspective.
 
     The system message is ``env.system_prompt(scenario, role)``; ``role``'s own turns are ``assistant`` messages,
-    every other role's turns ``user`` messages (passed through ``env.counterpart_text(speaker, text)`` when the
+    every other role's turns ``user`` messages (passed through ``env.counterpart_text(speaker, text, scenario)`` when the
     environment defines it). A dialogue ``role`` opens has no user message before its first assistant message.
     """
     messages = [{"role": "system", "content": env.system_prompt(traj.scenario, role)}]
@@ -70,7 +70,7 @@ def chat_messages(env: Any, traj: Trajectory, role: str) -> list[dict[str, str]]
         if turn.role == role:
             messages.append({"role": "assistant", "content": turn.text})
         else:
-            text = counterpart_text(turn.role, turn.text) if counterpart_text is not None else turn.text
+            text = counterpart_text(turn.role, turn.text, traj.scenario) if counterpart_text is not None else turn.text
             messages.append({"role": "user", "content": text})
     return messages
 

@@ -213,7 +213,7 @@ class DialogueRunner:
             return True
         if view is not None:
             view.add_own(out["token_ids"], out["logprobs"], finished=out["finish_reason"] == "stop")
-        shown = self.env.counterpart_text(role, text) if hasattr(self.env, "counterpart_text") else text
+        shown = self.env.counterpart_text(role, text, traj.scenario) if hasattr(self.env, "counterpart_text") else text
         for other, other_view in traj.views.items():
             if other != role:
                 other_view.add_counterpart(shown)

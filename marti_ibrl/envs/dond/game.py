@@ -21,7 +21,7 @@ from typing import Any
 
 from marti_ibrl.envs.base import Outcome, TurnResult
 from marti_ibrl.envs.dond.prompts import role_prompt
-from marti_ibrl.envs.dond.protocol import markers_only, parse_utterance
+from marti_ibrl.envs.dond.protocol import format_body, markers_only, parse_utterance
 from marti_ibrl.envs.dond.scenarios import Alloc, DondScenario
 
 # Reasons recorded in ``state.reason`` / ``outcome.info["reason"]``.
@@ -198,16 +198,30 @@ class DondEnv(DondRules):
         invalid_penalty: float = -1.0,
         prompt_style: str = "paper",
         bot_speech: str = "natural",
+        show_complement: bool = False,
     ) -> None:
         if len(roles) != 2:
             raise ValueError(f"DondEnv is a two-party game: expected 2 roles, got {len(roles)} ({list(roles)})")
         super().__init__(roles, max_rounds, invalid_penalty, prompt_style, bot_speech)
+        self.show_complement = show_complement
 
     # -- DialogueEnv ---------------------------------------------------------------------------------------------
 
     def system_prompt(self, scenario: DondScenario, role: str) -> str:
         """The Table-17 role prompt with this role's private input."""
         return role_prompt(scenario, self._index(role), style=self.prompt_style)
+
+    def counterpart_text(self, speaker: str, text: str, scenario: DondScenario) -> str:
+        """How ``speaker``'s utterance is shown to the other role: as written, or with ``show_complement`` a
+        ``<try>``/``<selection>`` followed by the units it leaves the listener, e.g. ``"<try> item0=1 item1=0
+        item2=2 <try> (you get item0=0 item1=2 item2=0)"``. Accepting then means copying those numbers into one's
+        own ``<selection>`` instead of subtracting: an observation aid for tiny models (the game is unchanged)."""
+        if not self.show_complement:
+            return text
+        action = parse_utterance(text)
+        if action.alloc is None or any(n > c for n, c in zip(action.alloc, scenario.counts, strict=True)):
+            return text
+        return f"{text} (you get {format_body(complement(scenario.counts, action.alloc))})"
 
     def new_state(self, scenario: DondScenario, seats: Sequence[str] | None = None) -> DondState:
         """A fresh dialogue; ``seats`` (default: ``roles``) is a permutation of the roles."""

@@ -66,18 +66,19 @@ def parse_utterance(text: str) -> Action:
     return Action(kind="try" if kind == "try" else "selection", alloc=alloc)
 
 
-def _body(alloc: Alloc) -> str:
+def format_body(alloc: Alloc) -> str:
+    """``item0=N item1=N item2=N``."""
     return f"item0={alloc[0]} item1={alloc[1]} item2={alloc[2]}"
 
 
 def format_try(alloc: Alloc) -> str:
     """``<try> item0=N item1=N item2=N <try>`` for the speaker's own units."""
-    return f"<try> {_body(alloc)} <try>"
+    return f"<try> {format_body(alloc)} <try>"
 
 
 def format_selection(alloc: Alloc) -> str:
     """``<selection> item0=N item1=N item2=N <selection>`` for the speaker's own units."""
-    return f"<selection> {_body(alloc)} <selection>"
+    return f"<selection> {format_body(alloc)} <selection>"
 
 
 DISAGREE = "<disagree>"

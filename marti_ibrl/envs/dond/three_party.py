@@ -213,8 +213,8 @@ class ThreePartyDondEnv(DondRules):
             return COMPACT_TEMPLATE.format(parsed_input=parsed, **fields)
         return PAPER_TEMPLATE.format(parsed_input=parsed_input(scenario, i), **fields)
 
-    def counterpart_text(self, speaker: str, text: str) -> str:
-        """How ``speaker``'s utterance is shown to the other roles."""
+    def counterpart_text(self, speaker: str, text: str, scenario: DondScenario) -> str:
+        """How ``speaker``'s utterance is shown to the other roles (the same for every scenario)."""
         return f"{speaker}: {text}"
 
     def new_state(self, scenario: DondScenario, seats: Sequence[str] | None = None) -> ThreePartyState:
