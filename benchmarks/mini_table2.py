@@ -197,8 +197,15 @@ def stage_sft(sft_dir: Path, profile: Profile) -> dict:
         "validity": check,
     }
     record_path.write_text(json.dumps(record, indent=1))
-    _log(f"SFT done in {seconds:.0f}s; protocol-valid self-play turns {check['protocol']:.1%}")
+    _log(f"SFT done in {seconds:.0f}s; protocol-valid self-play turns {check['protocol']:.1%}{_complement_text(check)}")
     return record
+
+
+def _complement_text(validity: dict) -> str:
+    """ ", accepting selections that close the deal X% (of N)" when the validity record has it."""
+    if not validity.get("n_answers"):
+        return ""
+    return f", accepting selections that close the deal {validity['complement']:.1%} (of {validity['n_answers']:.0f})"
 
 
 def train_command(arm: Arm, seed: int, run: Path, sft: str, iterations: int) -> list[str]:
@@ -498,7 +505,9 @@ def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str
         "Settings: " + json.dumps(asdict(profile)) + f"; recipe `{RECIPE.relative_to(ROOT)}`.",
         (
             f"SFT init: {sft['records']} records from {sft['dialogues']} training-bot dialogues, {sft['seconds']} s; "
-            f"protocol-valid self-play turns {sft['validity']['protocol']:.1%}."
+            f"protocol-valid self-play turns {sft['validity']['protocol']:.1%}"
+            + _complement_text(sft["validity"])
+            + f"; env {json.dumps(sft.get('env', {}))}."
             if sft
             else "SFT init: no record (`OUT/sft/mini_table2_sft.json`)."
         ),

@@ -175,8 +175,8 @@ def test_resume_after_crash_and_truncated_line(env, tmp_path):
     out = tmp_path / "episodes" / "greedy__hl.jsonl"
     counterpart = Named("hl", "stub:hardliner")
 
-    def evaluator(spy: Spy) -> Evaluator:  # chunks of 4 (scenario, seat) items: 2 scenarios each
-        return StubEvaluator(env, sc, SAMPLING, max_len=512, chunk=4, stubs={counterpart.spec: spy})
+    def evaluator(spy: Spy) -> Evaluator:  # written every 4 (scenario, seat) items: 2 scenarios each
+        return StubEvaluator(env, sc, SAMPLING, max_len=512, chunk=2, flush_every=2, stubs={counterpart.spec: spy})
 
     crashing = Spy(players.make_player({"kind": "heldout", "name": "hardliner"}), poison={uids[2]})
     with pytest.raises(RuntimeError, match="counterpart crashed"):

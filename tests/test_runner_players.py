@@ -93,7 +93,7 @@ def env() -> DondEnv:
     return DondEnv(prompt_style="compact", max_rounds=6)
 
 
-def _run(env, tok, policies_for_agent2, seed: int = 0):
+def _run(env, tok, policies_for_agent2, seed: int = 0, max_live: int | None = None):
     engine = SeededFakeEngine(tok)
     runner = DialogueRunner(
         env,
@@ -107,7 +107,7 @@ def _run(env, tok, policies_for_agent2, seed: int = 0):
         mapping = {"agent1": current, "agent2": policies_for_agent2}
     else:
         mapping = [{"agent1": current, "agent2": p} for p in policies_for_agent2]
-    trajs = runner.run(SCENARIOS, n_samples=N_SAMPLES, policies=mapping, seed=seed)
+    trajs = runner.run(SCENARIOS, n_samples=N_SAMPLES, policies=mapping, seed=seed, max_live=max_live)
     return trajs, engine
 
 
@@ -274,3 +274,15 @@ def test_show_complement_reaches_the_policy_view_not_the_transcript(tok, no_ray)
         notes += sum("(you get item0=" in s for s in shown)
         assert not any("(you get" in turn.text for turn in t.turns)  # transcripts keep what was said
     assert notes >= len(trajs)  # every greedy-bot turn is an offer: each dialogue shows at least one note
+
+
+def test_max_live_refills_finished_dialogues_in_request_order(env, tok, vs_greedy, no_ray) -> None:
+    trajs, engine = _run(env, tok, _bot("greedy"), max_live=2)
+    assert [(t.scenario_uid, t.sample_index) for t in trajs] == [(u, g) for u, _ in SCENARIOS for g in range(N_SAMPLES)]
+    assert max(c["n"] for c in engine.calls) <= 2  # never more than 2 dialogues in play
+    assert len({s for c in engine.calls for s in c["sessions"]}) == len(trajs)  # ... yet every one was played
+    assert all(t.outcome is not None and _replays_bot(env, t, "greedy") for t in trajs)
+    _, unbounded = vs_greedy
+    assert len(engine.calls) > len(unbounded.calls)  # smaller batches, more of them
+    with pytest.raises(ValueError, match="max_live must be >= 1"):
+        _run(env, tok, _bot("greedy"), max_live=0)

@@ -115,7 +115,10 @@ class Evaluator:
         engines=None,
         seed: int = 0,
         chunk: int = 64,
+        flush_every: int = 8,
     ):
+        """``chunk`` episodes are played at once (finished ones replaced by waiting ones); results are appended
+        to the episode files every ``flush_every * chunk`` episodes (what an interrupted run can lose)."""
         from marti_ibrl.rewards import env_reward
 
         self.env = env
@@ -126,6 +129,7 @@ class Evaluator:
         self.engines = engines  # FrozenEngines (start(path) / stop(engines)) for checkpoints
         self.seed = seed
         self.chunk = chunk
+        self.flush_every = flush_every
         self._cache: dict[str, Policy] = {}
 
     def policy(self, named: Named) -> Policy:
@@ -178,15 +182,18 @@ class Evaluator:
         with out.open("a") as f:
             if _ends_mid_line(out):  # killed mid-write: start on a fresh line (the partial one is ignored)
                 f.write("\n")
-            for start in range(0, len(todo), self.chunk):
-                batch = todo[start : start + self.chunk]
+            per_run = max(1, self.chunk * self.flush_every // samples)  # scenario-seats per runner call
+            for start in range(0, len(todo), per_run):
+                batch = todo[start : start + per_run]
                 scenarios = [(uid, scenario) for _, uid, scenario, _ in batch]
                 seat_policies = [{r: (p if r == role else c) for r in self.roles} for _, _, _, role in batch]
                 # the policy opens in one of its two seats and answers in the other, alternating by scenario
                 seats = [self._seats(si, role) for si, _, _, role in batch]
                 key = f"{self.seed}/{policy.name}/{counterpart.name}/{batch[0][1]}/{batch[0][3]}"
                 seed = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
-                trajs = self.runner.run(scenarios, samples, seat_policies, seed=seed, seats=seats)
+                trajs = self.runner.run(
+                    scenarios, samples, seat_policies, seed=seed, seats=seats, max_live=self.chunk
+                )
                 for (_, _, _, role), group in zip(batch, _by_scenario(trajs, samples)):
                     for t in group:
                         rec = episode_record(t, policy.name, counterpart.name, role, self.roles)

@@ -97,21 +97,26 @@ class DialogueRunner:
         progress: bool = False,
         seed: int = 0,
         seats: Sequence[Sequence[str]] | None = None,
+        max_live: int | None = None,
     ) -> list[Trajectory]:
         """Play ``n_samples`` dialogues per (uid, scenario); ``policies[role]`` plays ``role``'s seat.
 
         ``policies`` is one mapping for every scenario, or one per scenario (e.g. a frozen counterpart
         sampled per prompt). ``seed`` makes the sampling reproducible (see the module doc). ``seats``: the
         speaking order per scenario (default: openers rotate over scenarios and samples, :func:`seats_for`).
+        ``max_live``: at most this many dialogues in play at once; a finished one is replaced by the next
+        waiting one at the following turn, so the engines' batches stay full (default: all at once).
         Trajectories come back in request order: scenario by scenario, sample by sample.
         """
+        if max_live is not None and max_live < 1:
+            raise ValueError(f"max_live must be >= 1, got {max_live}")
         roles = list(self.env.roles)
         per_scenario = [policies] * len(scenarios) if isinstance(policies, Mapping) else list(policies)
         if len(per_scenario) != len(scenarios):
             raise ValueError(f"{len(per_scenario)} policy mappings for {len(scenarios)} scenarios")
         if seats is not None and len(seats) != len(scenarios):
             raise ValueError(f"{len(seats)} seat orders for {len(scenarios)} scenarios")
-        live: list[_Live] = []
+        waiting: list[_Live] = []
         for si, (uid, scenario) in enumerate(scenarios):
             seat_policies = per_scenario[si]
             for g in range(n_samples):
@@ -130,13 +135,19 @@ class DialogueRunner:
                     sample_index=g,
                 )
                 session = hashlib.sha1(f"{seed}/{si}/{uid}/{g}".encode()).hexdigest()
-                live.append(_Live(traj, session, seat_policies))
-        request_order = {id(item.traj): i for i, item in enumerate(live)}
+                waiting.append(_Live(traj, session, seat_policies))
+        request_order = {id(item.traj): i for i, item in enumerate(waiting)}
+        waiting.reverse()  # popped from the end: request order
+        live: list[_Live] = []
+        total = len(waiting)
+        cap = total if max_live is None else max_live
         done: list[Trajectory] = []
         scoring: list[tuple[Trajectory, dict[str, Future]]] = []
-        bar = tqdm(total=len(live), desc="rollout", unit="dlg", disable=not progress, leave=False)
+        bar = tqdm(total=total, desc="rollout", unit="dlg", disable=not progress, leave=False)
         with ThreadPoolExecutor(max_workers=self.reward_workers) as pool, ThreadPoolExecutor(4) as players:
             for turn in itertools.count():
+                while waiting and len(live) < cap:
+                    live.append(waiting.pop())
                 if not live:
                     break
                 batches = self._dispatch(live, players, seed, turn)
