@@ -58,7 +58,7 @@ class Profile:
     iterations: int = 40
     eval_scenarios: int = 500
     cross_play_scenarios: int = 200
-    sft_dialogues: int = 8000  # bot-vs-bot dialogues -> two SFT records each
+    sft_dialogues: int = 16000  # bot-vs-bot dialogues -> two SFT records each
     sft_epochs: int = 1
     single_bot: str = "conceder"  # the uni_bot arm's counterpart
     arms: tuple[str, ...] = (
@@ -164,10 +164,12 @@ def stage_sft(sft_dir: Path, profile: Profile) -> dict:
     data_env = {k: env_cfg[k] for k in ("prompt_style", "max_rounds", "bot_speech", "show_complement")}
     if record_path.exists():
         record = json.loads(record_path.read_text())
-        if record.get("env") != data_env:
+        was = {"env": record.get("env"), "dialogues": record.get("dialogues"), "epochs": record.get("epochs")}
+        now = {"env": data_env, "dialogues": profile.sft_dialogues, "epochs": profile.sft_epochs}
+        if was != now:
             raise SystemExit(
-                f"{sft_dir} was trained on dialogues with env settings {record.get('env')}, the recipe now has "
-                f"{data_env}: pass a new --sft-dir (or remove that one) to train a matching SFT init"
+                f"{sft_dir} was trained with {was}, the benchmark now asks for {now}: pass a new --sft-dir "
+                "(or remove that one) to train a matching SFT init"
             )
         return record
     env = DondEnv(
