@@ -15,6 +15,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["marti_ibrl", "marti_ibrl.*"]),
     include_package_data=True,
+    package_data={"marti_ibrl.envs.telesales.prompts": ["*/*.txt"]},  # TeleSales prompt templates
     install_requires=[
         "torch>=2.4",  # the Makefile installs torch==2.13.0 (CPU wheel) first
         "deepspeed==0.19.6",

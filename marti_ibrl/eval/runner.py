@@ -191,9 +191,7 @@ class Evaluator:
                 seats = [self._seats(si, role) for si, _, _, role in batch]
                 key = f"{self.seed}/{policy.name}/{counterpart.name}/{batch[0][1]}/{batch[0][3]}"
                 seed = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
-                trajs = self.runner.run(
-                    scenarios, samples, seat_policies, seed=seed, seats=seats, max_live=self.chunk
-                )
+                trajs = self.runner.run(scenarios, samples, seat_policies, seed=seed, seats=seats, max_live=self.chunk)
                 for (_, _, _, role), group in zip(batch, _by_scenario(trajs, samples)):
                     for t in group:
                         rec = episode_record(t, policy.name, counterpart.name, role, self.roles)

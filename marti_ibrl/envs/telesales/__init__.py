@@ -1,5 +1,6 @@
-"""Vehicle TeleSales (paper §5.1-5.2, Appendix D): customer profiles; the environment comes later."""
+"""Vehicle TeleSales (paper §5.1-5.2, Appendices D and E): customer profiles and the training environment."""
 
+from marti_ibrl.envs.telesales.env import SEATS, TeleSalesEnv, TeleSalesState, initial_scores
 from marti_ibrl.envs.telesales.profiles import (
     CODE_VERSION,
     EVAL_GROUPS,
@@ -18,14 +19,18 @@ from marti_ibrl.envs.telesales.profiles import (
 __all__ = [
     "CODE_VERSION",
     "EVAL_GROUPS",
+    "SEATS",
     "SPLITS",
     "TRAIN_GROUPS",
+    "TeleSalesEnv",
+    "TeleSalesState",
     "attributes",
     "customer_view",
     "difficulty",
     "flat_fields",
     "generate_profile",
     "generate_profiles",
+    "initial_scores",
     "sales_view",
     "write_jsonl",
 ]
