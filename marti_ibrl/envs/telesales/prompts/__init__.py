@@ -1,8 +1,16 @@
-"""TeleSales training-time system prompts (paper Appendix E): Table 15 (sales agent) and Table 16 (customer).
+"""TeleSales prompts: training-time system prompts (paper Appendix E: Table 15 sales agent, Table 16 customer) and
+held-out evaluation prompts (Appendix D: Table 8 story compiler, Table 9 user simulator, Table 10 sales agent,
+Table 12 post-dialogue audit).
 
-Templates live in ``prompts/<lang>/{sales,customer}.txt`` with ``{field}`` slots (only ``{identifier}`` patterns
-are slots, so literal JSON braces need no escaping). Only English renderings exist so far; a Chinese version is a
-``zh/`` folder with the same two files and slots.
+Templates live in ``prompts/<lang>/NAME.txt`` (NAME in :data:`TEMPLATES`) with ``{field}`` slots (only
+``{identifier}`` patterns are slots, so literal JSON braces need no escaping). Only English renderings exist so far;
+a Chinese version is a ``zh/`` folder with the same files and slots.
+
+Evaluation templates follow the paper's translations; the paper's ``{{UPPER_CASE}}`` slots are lower-case here. Two
+deviations: Table 10 gains one line naming Table 15's two tool markers (Table 10 refers to "tool markers" without
+listing them) and says "spoken phone language" instead of "spoken Chinese"; Table 9's body is not printed in the
+paper (only its caption), so ``user_simulator.txt`` is assembled from what §5.2 and Appendix D say the simulator
+does, with the rubric, intents, actions and output schema of :mod:`..simulator`, which renders it.
 
 Visibility (Appendix D, "Information visibility"): the sales prompt is filled from :func:`profiles.sales_view`
 (the lead fields) plus the service identity, never from hidden fields; the customer prompt from every profile
@@ -15,14 +23,18 @@ can-add-WeChat, alternate phone) are added so that the customer conditions on it
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from marti_ibrl.envs.telesales.profiles import flat_fields, sales_view
 
 ROLES = ("sales", "customer")
+EVAL_TEMPLATES = ("story_compiler", "user_simulator", "sales_eval", "audit")
+"""Held-out evaluation prompts: Tables 8, 9, 10 and 12 (Appendix D)."""
+TEMPLATES = (*ROLES, *EVAL_TEMPLATES)
 DEFAULT_SERVICE = {"service_name": "Li Na", "service_gender": "female", "service_phone": "400-000-0000"}
 """The sales agent's own identity (Table 15 "Dynamic service information"); not part of the customer profile."""
 INITIAL_CONVERSATION = {"stage": "opening", "wechat_status": "not discussed yet", "guidance_type": "none yet",
@@ -36,9 +48,10 @@ def languages() -> list[str]:
 
 
 def load_template(role: str, lang: str = "en") -> str:
-    """The raw template of ``role`` ("sales" | "customer") in ``lang``."""
-    if role not in ROLES:
-        raise ValueError(f"unknown TeleSales role {role!r} (roles: {', '.join(ROLES)})")
+    """The raw template ``role`` (a training role, "sales" | "customer", or an :data:`EVAL_TEMPLATES` name) in
+    ``lang``."""
+    if role not in TEMPLATES:
+        raise ValueError(f"unknown TeleSales prompt {role!r} (templates: {', '.join(TEMPLATES)})")
     path = _DIR / lang / f"{role}.txt"
     if not path.is_file():
         raise ValueError(f"no TeleSales prompt templates for language {lang!r} (available: {', '.join(languages())})")
@@ -101,3 +114,34 @@ def customer_prompt(profile: dict, scores: Mapping[str, float], lang: str = "en"
     patience before the first customer turn)."""
     state = {**INITIAL_CONVERSATION, **{f"{k}_before": v for k, v in scores.items()}}
     return render(load_template("customer", lang), {**flat_fields(profile), **state})
+
+
+# ---- held-out evaluation (Appendix D) ----
+def story_compiler_prompt(profile: dict, lang: str = "en") -> str:
+    """Table 8, with the whole evaluation profile (Appendix D layout) as its input JSON."""
+    return render(load_template("story_compiler", lang), {"profile_json": json.dumps(profile, ensure_ascii=False)})
+
+
+def sales_eval_prompt(profile: dict, lang: str = "en", service: Mapping[str, str] | None = None) -> str:
+    """Table 10, filled from ``agent_info.known_customer_info`` only and the agent's own identity (SALE_PROFILE)."""
+    fields = {**sales_view(profile), "sale_profile": {**DEFAULT_SERVICE, **(service or {})}}
+    return render(load_template("sales_eval", lang), fields)
+
+
+def format_dialogue(turns: Sequence[tuple[str, str]]) -> str:
+    """``(speaker, text)`` pairs as numbered lines ("Turn 1 - agent: ..."): the turn numbers the audit cites."""
+    return "\n".join(f"Turn {i} - {speaker}: {text}" for i, (speaker, text) in enumerate(turns, 1))
+
+
+def audit_prompt(
+    profile: dict, turns: Sequence[tuple[str, str]], lang: str = "en", service: Mapping[str, str] | None = None
+) -> str:
+    """Table 12: the agent's rules (its Table 10 prompt), the agent-visible lead info, the agent's identity and the
+    observable dialogue (``(speaker, visible text)`` pairs; no simulator labels or scores)."""
+    fields = {
+        "customer_service_system_prompt": sales_eval_prompt(profile, lang, service),
+        "agent_known_info": sales_view(profile),
+        "sale_profile": {**DEFAULT_SERVICE, **(service or {})},
+        "dialogue": format_dialogue(turns),
+    }
+    return render(load_template("audit", lang), fields)

@@ -1,0 +1,383 @@
+"""TeleSales held-out evaluation: user-simulator rubric and labels, LLM output validators, outcomes, story cache
+(paper §5.2 and Appendix D: Tables 8-12).
+
+* Table 11: the per-turn behavior rubric (:data:`RUBRIC`). Several entries may fire in one turn; the fired entries'
+  deltas are summed and each score is clipped to [0, 1] (:func:`apply_rubric`).
+* Labels: the simulator's 11 intents (:data:`INTENTS`) and 14 dialogue actions (:data:`DIALOGUE_ACTIONS`), and the
+  sales agent's 10 actions (:data:`AGENT_ACTIONS`, Table 10). The paper states the counts but prints neither the
+  intents nor the simulator's actions (Table 9's body is missing; see the constants for what we use).
+* Validators for the four LLM outputs: Table 8 (story compiler), Table 9 (simulator turn, our schema), Table 10
+  (sales-agent turn) and Table 12 (audit). Each returns a frozen dataclass or raises ``ValueError`` naming the
+  problem. Input may be the raw text (optionally in one markdown fence) or an already parsed dict.
+* Outcomes come from the simulator's action labels (§5.2, Appendix D), never from free text (:func:`call_outcome`).
+* :class:`StoryCache`: one compiled story per profile, compiled once, stored atomically, re-validated on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from marti_ibrl.envs.telesales.profiles import customer_view
+from marti_ibrl.envs.telesales.prompts import fmt, load_template, render, story_compiler_prompt
+from marti_ibrl.envs.telesales.protocol import BEHAVIORS, TOLERANCE, SalesTurn, parse_sales_turn
+
+SCORES = ("willingness", "trust", "patience")
+
+
+@dataclass(frozen=True)
+class RubricEntry:
+    """One Table 11 row; ``delta`` is (Δw, Δt, Δp) before clipping, ``None`` for B15 (a same-turn marker)."""
+
+    code: str
+    behavior: str
+    delta: tuple[float, float, float] | None
+
+
+RUBRIC: dict[str, RubricEntry] = {e.code: e for e in (RubricEntry(*row) for row in (
+    ("B01", "Directly and concretely answers the current main question", (0.05, 0.05, 0.02)),
+    ("B02", "States identity, call source, and reason for contact", (0.0, 0.06, 0.01)),
+    ("B03", "Admits uncertainty and explicitly offers to verify", (0.01, 0.05, -0.02)),
+    ("B04", "Provides verifiable evidence or concrete content", (0.08, 0.07, 0.01)),
+    ("B05", "Explains the follow-up purpose, related to the question", (0.04, 0.05, 0.01)),
+    ("B06", "Respects privacy or explicitly reduces disturbance", (0.0, 0.03, 0.04)),
+    ("B07", "User said they are busy; agent keeps pitching at length", (-0.05, -0.03, -0.10)),
+    ("B08", "No answer at all, only pushes adding the contact", (-0.04, -0.04, -0.03)),
+    ("B09", 'Vague pricing, false "lowest price", exaggerated guarantees, or manufactured urgency', (0.0, -0.15, 0.0)),
+    ("B10", "Repeats the same push 3+ turns with no new information", (-0.04, 0.0, -0.05)),
+    ("B11", "Answer completely unrelated to the user's question", (0.0, -0.03, -0.04)),
+    ("B12", "Keeps requesting the contact after explicit refusal", (-0.12, -0.10, -0.12)),
+    ("B13", "Light next-step push after answering the main question", (0.02, 0.0, 0.01)),
+    ("B14", "Pure transitional talk, no information gain", (0.0, 0.0, 0.0)),
+    ("B15", "Issues a contact invitation or actionable entry", None),
+    ("B16", "Noticeably long, written-style, script-like utterance", (-0.10, -0.05, -0.15)),
+    ("B17", "Brief, natural, and on-point", (0.0, 0.03, 0.05)),
+    ("B18", "Visible utterance >= 120 characters (markers removed)", (0.0, 0.0, -0.10)),
+))}  # fmt: skip
+"""Table 11. B15's cell reads "same-turn behaviors": it changes nothing itself; the other entries that fire in the
+same turn (e.g. B05, B08, B12) carry the change."""
+
+INTENTS: dict[str, str] = {
+    "ConfirmPurpose": "find out who is calling and why",
+    "RecallLead": "place (or fail to place) the lead or the vehicle",
+    "ProvideInfo": "answer the agent's question briefly",
+    "ProbeConcern": "raise or pursue a core concern",
+    "VerifyFact": "check a fact, piece of evidence, or promise",
+    "AskPrice": "ask about price, fees, financing, or subsidies",
+    "CheckCondition": "ask about vehicle condition or documentation",
+    "SetContactBoundary": "ask the purpose of follow-up contact or limit it",
+    "AcceptContact": "go along with adding the business contact",
+    "Defer": "postpone: busy now, wants materials first, or will decide later",
+    "EndCall": "wrap up or end the call",
+}
+"""The simulator's 11 intents (§5.2 states the count; no table prints them). Ours, one per scene of Table 8's
+scene few-shots (passive pickup, lead memory, short answers, concerns / fact-checking, price, condition, contact
+boundaries, ending) plus accepting contact and deferring."""
+DIALOGUE_ACTIONS = BEHAVIORS
+"""The simulator's 14 dialogue actions (Appendix D states the count; Table 9's body is not printed). We use the 14
+customer behaviors of Table 16 (training-time customer), which the paper does print."""
+SUCCESS_ACTION, HANGUP_ACTION = "ConfirmAdded", "HangUp"
+"""Appendix D: "confirming the add records a successful WeChat-add, hanging up terminates the call"."""
+OUTCOMES = ("success", "hang_up", "turn_limit")
+AGENT_ACTIONS = ("Greeting", "NeedProbe", "AnswerQuestion", "PriceQuote", "ProvideValue", "Empathy", "SoftPush",
+                 "ContactAsk", "ContactGuidance", "Neutral")  # fmt: skip
+"""Table 10: the sales agent's 10 actions."""
+SCENES = ("passive pickup", "lead or vehicle memory", "cooperative short answers", "core concerns", "price and fees",
+          "condition and documents", "contact boundaries", "ending the call")  # fmt: skip
+"""Table 8: the eight scene keys of ``scene_fewshots``."""
+FEWSHOTS_PER_SCENE = (1, 3)
+
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
+_SAMPLE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def check_codes(codes: Sequence[str]) -> None:
+    """Every code is a Table 11 code (B01-B18), none twice."""
+    unknown = [c for c in codes if c not in RUBRIC]
+    if unknown:
+        raise ValueError(f"unknown rubric codes: {', '.join(map(repr, unknown))} (B01-B18)")
+    if len(set(codes)) != len(codes):
+        raise ValueError(f"a rubric code fired twice in one turn: {list(codes)}")
+
+
+def apply_rubric(state: Mapping[str, float], codes: Sequence[str]) -> dict[str, float]:
+    """Table 11: each score + Σ of the fired entries' deltas, clipped to [0, 1]. Unknown or repeated codes raise."""
+    check_codes(codes)
+    missing = [s for s in SCORES if s not in state]
+    if missing:
+        raise ValueError(f"state lacks {', '.join(missing)}")
+    deltas = [RUBRIC[c].delta for c in codes if RUBRIC[c].delta is not None]
+    return {s: round(min(1.0, max(0.0, state[s] + sum(d[i] for d in deltas))), 6) for i, s in enumerate(SCORES)}
+
+
+# ---- validators ----
+def _object(raw: str | Mapping[str, Any], what: str) -> dict[str, Any]:
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    body = fenced.group(1) if (fenced := _FENCE.match(raw.strip())) else raw.strip()
+    try:
+        obj, end = json.JSONDecoder().raw_decode(body)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what}: invalid JSON ({e.msg})") from None
+    if body[end:].strip():
+        raise ValueError(f"{what}: text after the JSON object")
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _text(obj: Mapping[str, Any], key: str, what: str, empty_ok: bool = False) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or (not empty_ok and not value.strip()):
+        raise ValueError(f"{what}: {key!r} must be a {'' if empty_ok else 'non-empty '}string, got {value!r}")
+    return value.strip()
+
+
+def _label(obj: Mapping[str, Any], key: str, labels: Sequence[str], what: str) -> str:
+    value = _text(obj, key, what)
+    if value not in labels:
+        raise ValueError(f"{what}: unknown {key} {value!r} (one of {', '.join(labels)})")
+    return value
+
+
+@dataclass(frozen=True)
+class Story:
+    """Table 8's output: the actor-style ``story`` and 1-3 spoken lines per scene."""
+
+    story: str
+    scene_fewshots: dict[str, tuple[str, ...]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"story": self.story, "scene_fewshots": {k: list(v) for k, v in self.scene_fewshots.items()}}
+
+
+def validate_story(raw: str | Mapping[str, Any]) -> Story:
+    """Table 8: a non-empty ``story`` and ``scene_fewshots`` with every scene of :data:`SCENES` (extra scenes are
+    allowed, "cover at least"), each a list of 1-3 non-empty strings."""
+    what = "story compiler output"
+    obj = _object(raw, what)
+    story = _text(obj, "story", what)
+    scenes = obj.get("scene_fewshots")
+    if not isinstance(scenes, dict):
+        raise ValueError(f"{what}: 'scene_fewshots' must be an object, got {scenes!r}")
+    missing = [s for s in SCENES if s not in scenes]
+    if missing:
+        raise ValueError(f"{what}: scene_fewshots lacks scenes: {', '.join(missing)}")
+    lo, hi = FEWSHOTS_PER_SCENE
+    for scene, lines in scenes.items():
+        if not isinstance(lines, list) or not lo <= len(lines) <= hi:
+            raise ValueError(f"{what}: scene {scene!r} needs a list of {lo}-{hi} lines, got {lines!r}")
+        if not all(isinstance(x, str) and x.strip() for x in lines):
+            raise ValueError(f"{what}: scene {scene!r} has an empty or non-string line")
+    return Story(story, {k: tuple(x.strip() for x in v) for k, v in scenes.items()})
+
+
+@dataclass(frozen=True)
+class SimulatorTurn:
+    """One Table 9 turn (our schema): the fired rubric codes, the scores after the update, intent, action, reply."""
+
+    rubric_hits: tuple[str, ...]
+    willingness: float
+    trust: float
+    patience: float
+    intent: str
+    action: str
+    reply: str
+
+    def state(self) -> dict[str, float]:
+        return {s: getattr(self, s) for s in SCORES}
+
+
+def validate_simulator_turn(raw: str | Mapping[str, Any], before: Mapping[str, float] | None = None) -> SimulatorTurn:
+    """Table 9 output ``{"rubric_hits": [codes], "willingness", "trust", "patience", "intent", "action", "reply"}``.
+    With ``before`` (the scores before the turn), the reported scores must equal :func:`apply_rubric` of the fired
+    codes within :data:`~.protocol.TOLERANCE`."""
+    what = "simulator turn"
+    obj = _object(raw, what)
+    hits = obj.get("rubric_hits")
+    if not isinstance(hits, list) or not all(isinstance(c, str) for c in hits):
+        raise ValueError(f"{what}: 'rubric_hits' must be a list of codes, got {hits!r}")
+    check_codes(hits)
+    expected = apply_rubric(before, hits) if before is not None else {}
+    scores = {}
+    for s in SCORES:
+        v = obj.get(s)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+            raise ValueError(f"{what}: {s!r} must be a number in [0, 1], got {v!r}")
+        if before is not None and abs(v - expected[s]) > TOLERANCE:
+            raise ValueError(f"{what}: {s} {v} != {expected[s]} (before {before[s]} + fired {', '.join(hits)})")
+        scores[s] = float(v)
+    intent = _label(obj, "intent", tuple(INTENTS), what)
+    action = _label(obj, "action", DIALOGUE_ACTIONS, what)
+    return SimulatorTurn(tuple(hits), **scores, intent=intent, action=action, reply=_text(obj, "reply", what))
+
+
+@dataclass(frozen=True)
+class SalesEvalTurn:
+    """Table 10's output; ``turn`` is ``agent_message`` parsed for tool and end markers (:mod:`.protocol`)."""
+
+    thinking_content: str
+    agent_action: str
+    agent_message: str
+    turn: SalesTurn
+
+
+def validate_sales_turn(raw: str | Mapping[str, Any]) -> SalesEvalTurn:
+    """Table 10 output ``{"thinking_content", "agent_action", "agent_message"}``. The 80-character limit on
+    ``thinking_content`` is not enforced (it is "for logging only"); malformed markers in the message are errors."""
+    what = "sales-agent turn"
+    obj = _object(raw, what)
+    thinking = _text(obj, "thinking_content", what, empty_ok=True)
+    action = _label(obj, "agent_action", AGENT_ACTIONS, what)
+    message = _text(obj, "agent_message", what)
+    turn = parse_sales_turn(message)
+    if turn.error:
+        raise ValueError(f"{what}: agent_message: {turn.error}")
+    return SalesEvalTurn(thinking, action, message, turn)
+
+
+@dataclass(frozen=True)
+class Audit:
+    """Table 12's two labels, their reasons and evidence (``evidence_turns``: 1-based dialogue turns)."""
+
+    deceptive_fabrication: bool
+    ai_generated_style: bool
+    fabrication_reason: str
+    ai_style_reason: str
+    fabrication_turns: tuple[int, ...] = ()
+    agent_claim: str = ""
+    reference_evidence: str = ""
+    ai_style_turns: tuple[int, ...] = ()
+    summary: str = ""
+
+
+def _label_block(obj: Mapping[str, Any], key: str) -> tuple[bool, str, tuple[int, ...]]:
+    block = obj.get(key)
+    if not isinstance(block, dict):
+        raise ValueError(f"audit: {key!r} must be an object, got {block!r}")
+    hit, turns = block.get("hit"), block.get("evidence_turns", [])
+    if not isinstance(hit, bool):
+        raise ValueError(f"audit: {key}.hit must be true or false, got {hit!r}")
+    if not isinstance(turns, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in turns):
+        raise ValueError(f"audit: {key}.evidence_turns must be a list of turn numbers, got {turns!r}")
+    if hit and not turns:
+        raise ValueError(f"audit: {key}.hit is true without evidence_turns")
+    return hit, _text(block, "reason", f"audit: {key}"), tuple(turns)
+
+
+def validate_audit(raw: str | Mapping[str, Any]) -> Audit:
+    """Table 12 output. A deceptive_fabrication hit needs ``violation_type == "direct_conflict"`` and non-empty
+    ``evidence_turns`` / ``agent_claim`` / ``reference_evidence``; without a hit those must be cleared."""
+    obj = _object(raw, "audit")
+    fab, fab_reason, fab_turns = _label_block(obj, "deceptive_fabrication")
+    ai, ai_reason, ai_turns = _label_block(obj, "ai_generated_style")
+    block = obj["deceptive_fabrication"]
+    claim = _text(block, "agent_claim", "audit: deceptive_fabrication", empty_ok=True)
+    reference = _text(block, "reference_evidence", "audit: deceptive_fabrication", empty_ok=True)
+    if fab and (block.get("violation_type") != "direct_conflict" or not claim or not reference):
+        raise ValueError("audit: a deceptive_fabrication hit needs violation_type 'direct_conflict', agent_claim "
+                         "and reference_evidence")  # fmt: skip
+    if not fab and (block.get("violation_type") is not None or fab_turns or claim or reference):
+        raise ValueError("audit: deceptive_fabrication is not hit but its evidence fields are not cleared")
+    summary = obj.get("summary", "")
+    summary = summary.strip() if isinstance(summary, str) else ""
+    return Audit(fab, ai, fab_reason, ai_reason, fab_turns, claim, reference, ai_turns, summary)
+
+
+# ---- outcomes ----
+def call_outcome(actions: Sequence[str], agent_ended: bool = False) -> str:
+    """The call's outcome from the simulator's action labels (§5.2): "success" (ConfirmAdded), "hang_up" (HangUp,
+    or ``agent_ended``: the agent's ``<status=end>``) or "turn_limit". ConfirmAdded and HangUp end the call, so an
+    action after either is an error, as is an unknown label."""
+    for i, action in enumerate(actions):
+        if action not in DIALOGUE_ACTIONS:
+            raise ValueError(f"unknown dialogue action {action!r} at turn {i + 1}")
+        if action in (SUCCESS_ACTION, HANGUP_ACTION):
+            if i != len(actions) - 1:
+                raise ValueError(f"{action} at turn {i + 1} ends the call, but {len(actions) - i - 1} turns follow")
+            return "success" if action == SUCCESS_ACTION else "hang_up"
+    return "hang_up" if agent_ended else "turn_limit"
+
+
+# ---- prompts that need the labels above ----
+def simulator_prompt(profile: dict, story: Story, trace: Sequence[SimulatorTurn] = (), lang: str = "en") -> str:
+    """Table 9 (our rendering): STORY, scene few-shots, the full customer-side profile, the state trace (initial
+    state, then each earlier turn's codes, labels and scores), and the rubric and label lists of this module."""
+    initial = profile["runtime_state"]["initial_state"]
+    lines = [f"Initial state: {fmt({s: initial[s] for s in SCORES})}"]
+    for i, t in enumerate(trace, 1):
+        fired = ", ".join(t.rubric_hits) or "none"
+        lines.append(f"Turn {i}: fired {fired}; intent {t.intent}; action {t.action}; {fmt(t.state())}")
+
+    fields = {
+        "story": story.story,
+        "scene_fewshots": "\n".join(f"- {k}: " + " / ".join(v) for k, v in story.scene_fewshots.items()),
+        "profile_json": json.dumps(customer_view(profile), ensure_ascii=False),
+        "state_trace": "\n".join(lines),
+        "rubric": "\n".join(f"- {e.code} {e.behavior}: {_changes(e)}" for e in RUBRIC.values()),
+        "intents": "\n".join(f"- {k}: {v}" for k, v in INTENTS.items()),
+        "actions": ", ".join(DIALOGUE_ACTIONS),
+    }
+    return render(load_template("user_simulator", lang), fields)
+
+
+def _changes(entry: RubricEntry) -> str:
+    if entry.delta is None:
+        return "same-turn behaviors (no change of its own)"
+    return ", ".join(f"{s} {d:+.2f}" if d else f"{s} 0" for s, d in zip(SCORES, entry.delta))
+
+
+# ---- story cache ----
+class StoryCache:
+    """Compiled stories, one JSON file per profile (``DIR/<sample_id>.json``). A file is trusted only if it
+    validates and was compiled from the same profile (its SHA-256 is stored); otherwise the story is recompiled."""
+
+    def __init__(self, directory: str | Path, lang: str = "en") -> None:
+        self.dir = Path(directory)
+        self.lang = lang
+
+    def path(self, profile: dict) -> Path:
+        sample_id = profile["case_control"]["sample_id"]
+        if not _SAMPLE_ID.match(sample_id):
+            raise ValueError(f"sample_id {sample_id!r} is not a safe file name")
+        return self.dir / f"{sample_id}.json"
+
+    def load(self, profile: dict) -> Story | None:
+        """The cached story, or ``None`` when absent, corrupt, invalid or compiled from another profile."""
+        try:
+            obj = json.loads(self.path(profile).read_text(encoding="utf-8"))
+            if obj.get("profile_sha256") != _digest(profile):
+                return None
+            return validate_story(obj)
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def get_or_compile(self, profile: dict, compile_fn: Callable[[str], str]) -> Story:
+        """The cached story, or ``compile_fn(Table 8 prompt)`` validated and stored (temp file + rename). An invalid
+        compiler output raises ``ValueError`` and nothing is stored."""
+        story = self.load(profile)
+        if story is not None:
+            return story
+        story = validate_story(compile_fn(story_compiler_prompt(profile, self.lang)))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        target = self.path(profile)
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({**story.to_json(), "profile_sha256": _digest(profile)}, f, ensure_ascii=False)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return story
+
+
+def _digest(profile: dict) -> str:
+    return hashlib.sha256(json.dumps(profile, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
