@@ -17,8 +17,6 @@ Specs (config dicts / command-line strings) are turned into players by :func:`ma
 
 from __future__ import annotations
 
-import logging
-import os
 import random
 import re
 import threading
@@ -31,9 +29,8 @@ import httpx
 from marti_ibrl.envs.dond.bots import TRAINING_BOTS, ScriptedNegotiator
 from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS
 from marti_ibrl.envs.dond.scenarios import DondScenario
+from marti_ibrl.llm import RETRIED, ChatEndpoint, Fault, reply_content, transport_fault
 from marti_ibrl.rollout.dialogue import Trajectory
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "EndpointPlayer",
@@ -134,41 +131,21 @@ class ScriptedBotPlayer:
 # ----------------------------------------------------------------------------------------------------------------
 # OpenAI-compatible endpoints
 
-_RETRIED = frozenset({"timeout", "connect", "transport", "http_429", "http_5xx", "bad_json", "empty"})
 
-
-class _Fault(Exception):
-    """One failed attempt: ``kind`` is the stats key; ``retry_after`` a server-requested delay in seconds."""
-
-    def __init__(self, kind: str, detail: str, retry_after: float | None = None) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
-        self.detail = detail
-        self.retry_after = retry_after
-
-
-def _sampling_fields(sampling: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The request fields of a sampling dict: temperature, top_p, max_new_tokens (as ``max_tokens``)."""
-    fields: dict[str, Any] = {}
-    for key, field in (("temperature", "temperature"), ("top_p", "top_p"), ("max_new_tokens", "max_tokens")):
-        if sampling is not None and sampling.get(key) is not None:
-            fields[field] = sampling[key]
-    return fields
-
-
-class OpenAIChatClient:
+class OpenAIChatClient(ChatEndpoint):
     """A thread-safe client of an OpenAI-compatible ``POST {base_url}/chat/completions`` endpoint.
 
-    :meth:`complete` returns the first choice's message content, retrying faults (timeout, connection errors,
-    HTTP 429 and 5xx, a non-JSON body, missing/empty ``choices`` or a null content) up to ``max_retries`` times
-    with exponential backoff ``min(max_backoff, backoff * 2**attempt)`` and full jitter (a numeric ``Retry-After``
-    on 429/503 replaces it, capped at ``max_backoff``). Other 4xx answers are not retried. After the last attempt
-    it logs one warning and returns ``None``. ``timeout`` bounds each phase (connect, write, read) of a request.
+    :meth:`complete` returns the first choice's message content, retrying the faults of
+    :data:`marti_ibrl.llm.RETRIED` (timeout, connection errors, HTTP 429 and 5xx, a non-JSON body, missing/empty
+    ``choices`` or a null content) up to ``max_retries`` times with the backoff of
+    :class:`~marti_ibrl.llm.ChatEndpoint` (exponential, full jitter, ``Retry-After`` honoured). Other 4xx answers
+    are not retried. After the last attempt it logs one warning and returns ``None``. ``timeout`` bounds each phase
+    (connect, write, read) of a request.
 
     The API key is read once from the environment variable ``api_key_env``; it never appears in ``repr``, logs or
     exceptions. ``stats`` counts ``requests`` (attempts), ``retries``, ``failures``, ``successes`` and each fault
     kind (``timeout``, ``connect``, ``transport``, ``http_429``, ``http_5xx``, ``http_4xx``, ``bad_json``,
-    ``empty``).
+    ``empty``). The asyncio counterpart, for LLM judges, is :class:`marti_ibrl.llm.AsyncChatClient`.
     """
 
     def __init__(
@@ -182,117 +159,35 @@ class OpenAIChatClient:
         max_backoff: float = 30.0,
         max_connections: int | None = None,
     ) -> None:
-        if not base_url or not str(base_url).startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
-        if not model:
-            raise ValueError("model must be a non-empty model name")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0, got {timeout}")
-        if backoff < 0 or max_backoff < 0:
-            raise ValueError(f"backoff and max_backoff must be >= 0, got {backoff} and {max_backoff}")
-        self.base_url = str(base_url).rstrip("/")
-        self.url = f"{self.base_url}/chat/completions"
-        self.model = model
-        self.api_key_env = api_key_env
-        self.max_retries = int(max_retries)
-        self.timeout = float(timeout)
-        self.backoff = float(backoff)
-        self.max_backoff = float(max_backoff)
-
-        headers = {"Content-Type": "application/json"}
-        self._api_key: str | None = None
-        if api_key_env:
-            key = os.environ.get(api_key_env)
-            if not key:
-                raise ValueError(f"environment variable {api_key_env!r} (the API key of {model!r}) is not set")
-            self._api_key = key
-            headers["Authorization"] = f"Bearer {key}"
+        super().__init__(base_url, model, api_key_env, max_retries, timeout, backoff, max_backoff)
         limits = httpx.Limits() if max_connections is None else httpx.Limits(max_connections=max_connections)
-        self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(self.timeout), limits=limits)
-
-        self.stats: dict[str, int] = {"requests": 0, "retries": 0, "failures": 0, "successes": 0}
-        self._lock = threading.Lock()
+        self._http = httpx.Client(headers=self._headers, timeout=httpx.Timeout(self.timeout), limits=limits)
         self._closed = threading.Event()
-        self._rng = random.Random()
-
-    def __repr__(self) -> str:
-        key = f"api_key_env={self.api_key_env!r}" if self.api_key_env else "no api key"
-        return f"OpenAIChatClient(url={self.url!r}, model={self.model!r}, {key})"
-
-    def _bump(self, key: str, n: int = 1) -> None:
-        with self._lock:
-            self.stats[key] = self.stats.get(key, 0) + n
-
-    def _redact(self, text: str) -> str:
-        return text.replace(self._api_key, "***") if self._api_key else text
-
-    def backoff_delay(self, attempt: int, retry_after: float | None = None) -> float:
-        """Seconds to wait before retry number ``attempt + 1`` (``attempt`` counts from 0)."""
-        if retry_after is not None:
-            return min(self.max_backoff, max(0.0, retry_after))
-        return self._rng.uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))
 
     def _attempt(self, body: dict[str, Any]) -> str:
-        """One request: the content of the first choice, or raise :class:`_Fault`."""
+        """One request: the content of the first choice, or raise :class:`~marti_ibrl.llm.Fault`."""
         try:
             response = self._http.post(self.url, json=body)
-        except httpx.TimeoutException as exc:
-            raise _Fault("timeout", type(exc).__name__) from None
-        except httpx.ConnectError as exc:
-            raise _Fault("connect", f"{type(exc).__name__}: {exc}") from None
         except httpx.TransportError as exc:
-            raise _Fault("transport", f"{type(exc).__name__}: {exc}") from None
-
-        status = response.status_code
-        if status != 200:
-            snippet = response.text[:200].replace("\n", " ")
-            retry_after = None
-            if status in (429, 503):
-                try:
-                    retry_after = float(response.headers.get("retry-after", ""))
-                except ValueError:
-                    retry_after = None
-            if status == 429:
-                raise _Fault("http_429", f"HTTP 429 {snippet}", retry_after)
-            if status >= 500:
-                raise _Fault("http_5xx", f"HTTP {status} {snippet}", retry_after)
-            raise _Fault("http_4xx", f"HTTP {status} {snippet}")  # 400/401/403/404/...: not retried
-        try:
-            payload = response.json()
-        except ValueError:
-            raise _Fault("bad_json", f"non-JSON body {response.text[:200]!r}") from None
-        if not isinstance(payload, dict):
-            raise _Fault("bad_json", f"JSON body is a {type(payload).__name__}, not an object")
-        choices = payload.get("choices")
-        if not choices or not isinstance(choices, list):
-            raise _Fault("empty", "no choices in the response")
-        first = choices[0]
-        message = first.get("message") if isinstance(first, dict) else None
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, str):
-            raise _Fault("empty", "the first choice has no message content")
-        return content
+            raise transport_fault(exc) from None
+        return reply_content(response)
 
     def complete(self, messages: Sequence[Mapping[str, str]], sampling: Mapping[str, Any] | None = None) -> str | None:
         """The assistant's reply to ``messages``; ``None`` after ``max_retries`` retries (counted, logged)."""
-        body: dict[str, Any] = {"model": self.model, "messages": [dict(m) for m in messages]}
-        body.update(_sampling_fields(sampling))
-        fault: _Fault | None = None
-        attempts = 0
+        body = self._body(messages, sampling)
+        fault, attempts = Fault("closed", "the client was closed"), 0
         for attempt in range(self.max_retries + 1):
             if self._closed.is_set():
-                fault = _Fault("closed", "the client was closed")
+                fault = Fault("closed", "the client was closed")
                 break
             attempts += 1
             self._bump("requests")
             try:
                 text = self._attempt(body)
-            except _Fault as exc:
+            except Fault as exc:
                 fault = exc
                 self._bump(exc.kind)
-                if exc.kind not in _RETRIED or attempt == self.max_retries:
+                if exc.kind not in RETRIED or attempt == self.max_retries:
                     break
                 self._bump("retries")
                 if self._closed.wait(self.backoff_delay(attempt, exc.retry_after)):
@@ -300,16 +195,7 @@ class OpenAIChatClient:
                 continue
             self._bump("successes")
             return text
-        assert fault is not None
-        self._bump("failures")
-        logger.warning(
-            "%s: no reply from model %r at %s after %d attempt(s): %s",
-            type(self).__name__,
-            self.model,
-            self.url,
-            attempts,
-            self._redact(f"{fault.kind}: {fault.detail}"),
-        )
+        self._give_up(fault, attempts)
         return None
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
-"""TeleSales prompts: training-time system prompts (paper Appendix E: Table 15 sales agent, Table 16 customer) and
+"""TeleSales prompts: training-time system prompts (paper Appendix E: Table 15 sales agent, Table 16 customer),
 held-out evaluation prompts (Appendix D: Table 8 story compiler, Table 9 user simulator, Table 10 sales agent,
-Table 12 post-dialogue audit).
+Table 12 post-dialogue audit) and the training-reward judges (§5.1; our own prompts, :mod:`..judges`).
 
 Templates live in ``prompts/<lang>/NAME.txt`` (NAME in :data:`TEMPLATES`) with ``{field}`` slots (only
 ``{identifier}`` patterns are slots, so literal JSON braces need no escaping). Only English renderings exist so far;
@@ -34,7 +34,10 @@ from marti_ibrl.envs.telesales.profiles import flat_fields, sales_view
 ROLES = ("sales", "customer")
 EVAL_TEMPLATES = ("story_compiler", "user_simulator", "sales_eval", "audit")
 """Held-out evaluation prompts: Tables 8, 9, 10 and 12 (Appendix D)."""
-TEMPLATES = (*ROLES, *EVAL_TEMPLATES)
+JUDGE_TEMPLATES = ("judge_sales", "judge_customer")
+"""Training-reward judges (§5.1 "Task-Specific Rewards"; the paper prints no judge prompt, these are ours):
+rendered by :mod:`..judges`."""
+TEMPLATES = (*ROLES, *EVAL_TEMPLATES, *JUDGE_TEMPLATES)
 DEFAULT_SERVICE = {"service_name": "Li Na", "service_gender": "female", "service_phone": "400-000-0000"}
 """The sales agent's own identity (Table 15 "Dynamic service information"); not part of the customer profile."""
 INITIAL_CONVERSATION = {"stage": "opening", "wechat_status": "not discussed yet", "guidance_type": "none yet",
