@@ -1,4 +1,4 @@
-"""``marti-ibrl``: train | eval | diagnose | report | dond sample / check-data | patch | demo | telesales profiles.
+"""``marti-ibrl``: train | eval | diagnose | report | dond sample / check-data | patch | demo | telesales profiles | sft.
 
 ``main(argv)`` parses; ``train`` hands a validated :class:`~marti_ibrl.config.Config` to
 :func:`marti_ibrl.trainer.train`. Heavy imports (torch, Ray, OpenRLHF) happen only in the command
@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     profiles.add_argument("--seed", type=int, default=0)
     profiles.add_argument("--out", default="-", help="output JSONL file, or - for stdout (default)")
     profiles.set_defaults(func=_cmd_telesales_profiles)
+
+    from marti_ibrl.envs.telesales.commands import add_sft_parser
+
+    add_sft_parser(sub)
     return parser
 
 

@@ -58,9 +58,10 @@ VALIDITY_MAX_NEW_TOKENS = 64
 # data
 
 
-def role_messages(env: DondEnv, scenario: DondScenario, history: Sequence[tuple[str, str]], role: str) -> list[dict]:
+def role_messages(env: Any, scenario: Any, history: Sequence[tuple[str, str]], role: str) -> list[dict]:
     """``role``'s chat: its system prompt, own turns as ``assistant``, the counterpart's as ``user`` (shown as the
-    rollout shows them, ``env.counterpart_text``).
+    rollout shows them, ``env.counterpart_text``). ``env``: any env with ``system_prompt`` and ``counterpart_text``
+    (DoND; TeleSales, :mod:`marti_ibrl.envs.telesales.transcripts`).
 
     Messages after the role's last own turn are dropped (see the module doc); empty if it never spoke.
     """

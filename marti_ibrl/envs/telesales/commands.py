@@ -1,0 +1,149 @@
+"""``marti-ibrl sft --role sales|customer``: SFT initialisation of a TeleSales role from call transcripts (paper §5.1:
+both roles start from SFT checkpoints; transcript format and training views: :mod:`.transcripts`).
+
+Validates the transcripts, converts them to the role's view (Tables 15/16 system prompts, what the role hears),
+writes ``OUT/sft_data.jsonl`` and fine-tunes ``--pretrain`` with OpenRLHF's own SFT trainer
+(:func:`marti_ibrl.sft.run_sft`); the checkpoint (HF model + tokenizer) is ``OUT`` itself, its log ``OUT/sft.log``.
+Input errors (role, files, transcripts, hyperparameters, records that cannot fill one optimizer step) exit 2 with
+one line before any training; a failed training run exits 1 with the log's tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from marti_ibrl.envs.telesales.env import SEATS, TeleSalesEnv
+from marti_ibrl.envs.telesales.transcripts import TranscriptError, load_transcripts, records_for_role
+
+PROG = "marti-ibrl sft"
+DATA_FILE = "sft_data.jsonl"
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+def check_lengths(pretrain: str, records: list[dict], max_len: int, batch_size: int) -> str | None:
+    """Tokenize ``records`` as OpenRLHF's multiturn SFT dataset does; warn about records it drops (their prompt,
+    all but the last message, reaches ``max_len - 2`` tokens) or truncates. Returns an error when the tokenizer has
+    no chat template or fewer than ``batch_size`` records remain (no optimizer step would run), else None."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(pretrain)
+    except Exception as e:  # any loading failure is an input error here
+        return f"cannot load the tokenizer of {pretrain}: {e}"
+    if not tokenizer.chat_template:
+        return f"the tokenizer of {pretrain} has no chat template (OpenRLHF's multiturn SFT needs one)"
+
+    def n_tokens(messages: list[dict], prompt: bool) -> int:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    dropped = truncated = 0
+    for record in records:
+        messages = record["messages"]
+        if n_tokens(messages[:-1], True) >= max_len - 2:
+            dropped += 1
+        elif n_tokens(messages, False) > max_len:
+            truncated += 1
+    if dropped:
+        _warn(f"{dropped} of {len(records)} records have a prompt of >= --max-len - 2 = {max_len - 2} tokens: "
+              "OpenRLHF drops them")  # fmt: skip
+    if truncated:
+        _warn(f"{truncated} of {len(records)} records are longer than --max-len {max_len} tokens: OpenRLHF cuts them")
+    kept = len(records) - dropped
+    if kept < batch_size:
+        return f"{kept} usable records, fewer than --batch-size {batch_size}: no optimizer step would run"
+    return None
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    if args.role not in SEATS:
+        return _fail(f"unknown role {args.role!r} (expected sales or customer)")
+    for flag in ("epochs", "batch_size", "micro_batch_size", "max_len"):
+        if getattr(args, flag) < 1:
+            return _fail(f"--{flag.replace('_', '-')} must be >= 1 (got {getattr(args, flag)})")
+    if not args.lr > 0:
+        return _fail(f"--lr must be > 0 (got {args.lr})")
+    if args.batch_size % args.micro_batch_size:
+        return _fail(f"--batch-size {args.batch_size} is not a multiple of --micro-batch-size {args.micro_batch_size}")
+    if not os.path.isfile(args.transcripts):
+        return _fail(f"transcripts file not found: {args.transcripts}")
+    if not os.path.isdir(args.pretrain):
+        return _fail(f"pretrain model directory not found: {args.pretrain}")
+    if not os.path.isfile(os.path.join(args.pretrain, "config.json")):
+        return _fail(f"{args.pretrain} is not a Hugging Face model directory (no config.json)")
+
+    env = TeleSalesEnv()
+    try:
+        loaded = load_transcripts(args.transcripts, env, strict=not args.lenient)
+    except TranscriptError as e:
+        return _fail(f"{e}" if args.lenient else f"{e}; --lenient skips bad calls")
+    except (OSError, UnicodeDecodeError) as e:
+        return _fail(f"cannot read {args.transcripts}: {e}")
+    for error in loaded.skipped:
+        _warn(f"skipped {error}")
+    if loaded.skipped:
+        _warn(f"skipped {len(loaded.skipped)} bad calls, kept {len(loaded.calls)}")
+    records = records_for_role(loaded.calls, args.role, env)
+    if not records:
+        return _fail(f"no {args.role} turns in {args.transcripts}")
+    problem = check_lengths(args.pretrain, records, args.max_len, args.batch_size)
+    if problem:
+        return _fail(problem)
+
+    from marti_ibrl import sft
+
+    data = sft.write_sft_data(os.path.join(args.out, DATA_FILE), records)
+    print(f"{len(records)} {args.role} SFT records from {len(loaded.calls)} calls -> {data}", flush=True)
+    hparams: dict[str, Any] = dict(
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        micro_batch_size=args.micro_batch_size,
+        max_len=args.max_len,
+        seed=args.seed,
+    )
+    try:
+        out = sft.run_sft(args.pretrain, data, args.out, progress=lambda line: print(line, flush=True), **hparams)
+    except RuntimeError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.role} checkpoint: {out} (log: {os.path.join(out, 'sft.log')})")
+    return 0
+
+
+def add_sft_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Wire ``sft`` into the ``marti-ibrl`` CLI (handler in ``args.func``)."""
+    p = subparsers.add_parser(
+        "sft",
+        help="SFT a TeleSales role on call transcripts with OpenRLHF's SFT trainer (paper §5.1)",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    p.add_argument("--role", required=True, help="sales | customer")
+    p.add_argument("--transcripts", required=True, metavar="FILE.jsonl",
+                   help="call transcripts (format: marti_ibrl/envs/telesales/transcripts.py)")  # fmt: skip
+    p.add_argument("--pretrain", required=True, metavar="MODEL_DIR", help="Hugging Face model directory to start from")
+    p.add_argument(
+        "--out", required=True, metavar="DIR", help="the checkpoint directory (also sft_data.jsonl, sft.log)"
+    )
+    p.add_argument("--epochs", type=int, default=1, help="default: 1")
+    p.add_argument("--lr", type=float, default=1e-5, help="default: 1e-5")
+    p.add_argument("--batch-size", type=int, default=16, help="records per optimizer step (default: 16)")
+    p.add_argument("--micro-batch-size", type=int, default=1, help="records per forward pass (default: 1)")
+    p.add_argument("--max-len", type=int, default=4096, help="tokens per record (default: 4096)")
+    p.add_argument("--seed", type=int, default=42, help="default: 42")
+    p.add_argument(
+        "--lenient", action="store_true", help="skip bad calls (each reported, then counted) instead of failing"
+    )
+    p.set_defaults(func=cmd_sft)
+    return p
