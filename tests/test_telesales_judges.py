@@ -9,11 +9,11 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import test_players
+from test_players import Reply
 
 from marti_ibrl.envs.telesales.env import TeleSalesEnv
 from marti_ibrl.envs.telesales.judges import (
@@ -36,66 +36,13 @@ PHONE = PROFILE["lead"]["phone_number"]
 SALES_MARK = "judge of outbound automotive-sales phone calls"
 CUSTOMER_MARK = "judge of a simulated customer"
 
-Reply = tuple[int, Any, dict[str, str], float]  # status, body (dict -> JSON, str -> raw), headers, sleep seconds
+
+serve = test_players.serve  # fixture: the real 127.0.0.1 OpenAI-style server of the player tests, re-exported
 
 
 def ok(content: Any) -> Reply:
-    content = content if isinstance(content, str) else json.dumps(content)
-    return 200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}, {}, 0.0
-
-
-class FakeServer:
-    """``POST /v1/chat/completions`` on 127.0.0.1 from a script (a list whose last entry repeats, or a function of
-    the request body); counts requests in flight."""
-
-    def __init__(self, script: list[Reply] | Callable[[dict], Reply]) -> None:
-        self.script, self.requests, self.lock = script, [], threading.Lock()
-        self.inflight = self.max_inflight = 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                with server.lock:
-                    n = len(server.requests)
-                    server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                    server.inflight += 1
-                    server.max_inflight = max(server.max_inflight, server.inflight)
-                try:
-                    script = server.script
-                    status, payload, headers, sleep = (
-                        script(body) if callable(script) else script[min(n, len(script) - 1)]
-                    )
-                    time.sleep(sleep)
-                    data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    for k, v in headers.items():
-                        self.send_header(k, v)
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:  # the client gave up (timeout)
-                    pass
-                finally:
-                    with server.lock:
-                        server.inflight -= 1
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-
-
-@pytest.fixture
-def serve():
-    servers: list[FakeServer] = []
-    yield lambda script: servers.append(FakeServer(script)) or servers[-1]
-    for s in servers:
-        s.httpd.shutdown()
-        s.httpd.server_close()
+    """A 200 reply whose message content is ``content`` (a dict is sent as its JSON text)."""
+    return test_players.ok(content if isinstance(content, str) else json.dumps(content))
 
 
 def client(url: str, **kw: Any) -> AsyncChatClient:
