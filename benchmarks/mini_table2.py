@@ -5,7 +5,9 @@ SFT initialisation, with the same budget (iterations × scenarios × G); the fro
 ``marti-ibrl eval`` (seat-averaged, held-out scenarios). Stages, each resumable (finished work is skipped):
 
 1. **SFT init** (``OUT/sft``): a tiny Qwen-architecture model, trained with OpenRLHF's SFT trainer on dialogues
-   between the *training* scripted bots (``marti_ibrl.sft``), bots speaking markers only (``env.bot_speech``).
+   between the *training* scripted bots (``marti_ibrl.sft``), bots speaking markers only (``env.bot_speech``), offers
+   shown with the units they leave the listener (``env.show_complement``). A stale init (other env settings or data
+   size) is refused.
 2. **Arms × seeds** (``OUT/runs/ARM/seedS``), recipe ``recipes/dond/mini-table2.yaml``:
    ``ibrl`` (opponent pool, staggered updates), ``uni_sft`` (vs the frozen SFT policy), ``uni_bot`` (vs one
    frozen training bot), ``uni_pool`` (vs a frozen pool of the training bots, §5.4), and the ablations
