@@ -103,7 +103,8 @@ class DialogueRunner:
 
         ``policies`` is one mapping for every scenario, or one per scenario (e.g. a frozen counterpart
         sampled per prompt). ``seed`` makes the sampling reproducible (see the module doc). ``seats``: the
-        speaking order per scenario (default: openers rotate over scenarios and samples, :func:`seats_for`).
+        speaking order per scenario (default: the env's ``fixed_seats`` when it has one, e.g. TeleSales where the
+        sales agent always opens; otherwise openers rotate over scenarios and samples, :func:`seats_for`).
         ``max_live``: at most this many dialogues in play at once; a finished one is replaced by the next
         waiting one at the following turn, so the engines' batches stay full (default: all at once).
         Trajectories come back in request order: scenario by scenario, sample by sample.
@@ -116,11 +117,12 @@ class DialogueRunner:
             raise ValueError(f"{len(per_scenario)} policy mappings for {len(scenarios)} scenarios")
         if seats is not None and len(seats) != len(scenarios):
             raise ValueError(f"{len(seats)} seat orders for {len(scenarios)} scenarios")
+        fixed = getattr(self.env, "fixed_seats", None)
         waiting: list[_Live] = []
         for si, (uid, scenario) in enumerate(scenarios):
             seat_policies = per_scenario[si]
             for g in range(n_samples):
-                order = list(seats[si]) if seats is not None else seats_for(roles, si, g)
+                order = list(seats[si] if seats is not None else fixed or seats_for(roles, si, g))
                 traj = Trajectory(
                     scenario_uid=uid,
                     scenario=scenario,

@@ -1,8 +1,8 @@
 """The Vehicle TeleSales environment for bilateral training (paper §5.1; Appendix E, Tables 15 and 16).
 
 A sales agent calls a customer (a *training* profile, ``split="train"``) to get the business WeChat contact added.
-Turn protocols: :mod:`.protocol`. ``sales`` (Table 15) always opens: seats must be :data:`SEATS` (the runner's
-default rotation of openers is for symmetric games: pass ``seats=[SEATS] * len(scenarios)``); each tool at most
+Turn protocols: :mod:`.protocol`. ``sales`` (Table 15) always opens: seats must be :data:`SEATS` (``fixed_seats``: the
+runner does not rotate the opener as it does for symmetric games); each tool at most
 once per call (a second use in a later turn is invalid). ``customer`` (Table 16) answers with one JSON object whose
 ``*_before`` equals the current willingness/patience (the previous ``*_after``; first: :func:`initial_scores`).
 
@@ -119,6 +119,7 @@ class TeleSalesEnv:
     """
 
     roles = SEATS
+    fixed_seats = SEATS  # DialogueRunner plays every call in this order (no rotation of openers)
 
     def __init__(
         self,
@@ -166,7 +167,7 @@ class TeleSalesEnv:
         if seats != SEATS:
             raise ValueError(
                 f"TeleSales seats must be {list(SEATS)} (the sales agent opens the call), got {list(seats)}; "
-                "call DialogueRunner.run with seats=[SEATS] * len(scenarios)"
+                "the sales agent opens every call"
             )
         scores = initial_scores(scenario)
         return TeleSalesState(profile=scenario, seats=seats, initial=dict(scores), scores=dict(scores))
