@@ -48,6 +48,11 @@ def is_complementary(counts: Sequence[int], alloc_a: Sequence[int], alloc_b: Seq
     )
 
 
+def exceeds(alloc: Sequence[int], counts: Sequence[int]) -> bool:
+    """True iff ``alloc`` claims more units of some item than exist."""
+    return any(n > c for n, c in zip(alloc, counts, strict=True))
+
+
 def complement(counts: Sequence[int], alloc: Sequence[int]) -> Alloc:
     """The units left for the counterpart when one side receives ``alloc``."""
     c0, c1, c2 = (c - a for c, a in zip(counts, alloc, strict=True))
@@ -219,7 +224,7 @@ class DondEnv(DondRules):
         if not self.show_complement:
             return text
         action = parse_utterance(text)
-        if action.alloc is None or any(n > c for n, c in zip(action.alloc, scenario.counts, strict=True)):
+        if action.alloc is None or exceeds(action.alloc, scenario.counts):
             return text
         return f"{text} (you get {format_body(complement(scenario.counts, action.alloc))})"
 
@@ -237,7 +242,7 @@ class DondEnv(DondRules):
             return TurnResult(valid=False, done=False, reason="after a <selection> only <selection> or <disagree>")
         if action.alloc is not None:
             counts = state.scenario.counts
-            if any(n > c for n, c in zip(action.alloc, counts, strict=True)):
+            if exceeds(action.alloc, counts):
                 return TurnResult(
                     valid=False, done=False, reason=f"allocation {action.alloc} exceeds the item counts {counts}"
                 )

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from marti_ibrl.envs.base import TurnResult
-from marti_ibrl.envs.dond.game import DEAL, DISAGREE, MISMATCH, NO_TRY, TURN_LIMIT, DondRules
+from marti_ibrl.envs.dond.game import DEAL, DISAGREE, MISMATCH, NO_TRY, TURN_LIMIT, DondRules, exceeds
 from marti_ibrl.envs.dond.prompts import lewis_input, parsed_input
 from marti_ibrl.envs.dond.protocol import _MARKER
 from marti_ibrl.envs.dond.scenarios import (
@@ -232,7 +232,7 @@ class ThreePartyDondEnv(DondRules):
             return TurnResult(valid=False, done=False, reason="after a <selection> only <selection> or <disagree>")
         if action.split is not None and _totals(action.split.values()) != list(counts):
             return TurnResult(valid=False, done=False, reason=f"the <try> split does not add up to the counts {counts}")
-        if action.alloc is not None and any(n > c for n, c in zip(action.alloc, counts, strict=True)):
+        if action.alloc is not None and exceeds(action.alloc, counts):
             return TurnResult(valid=False, done=False, reason=f"selection {action.alloc} exceeds the counts {counts}")
 
         # The turn is valid: from here on the state changes.
