@@ -41,7 +41,9 @@ class RoleConfig:
     update_every: int = 1
     """Staggered updates (§4.2): the role updates on iterations k with k % update_every == 0."""
     reward_fn: str | None = None
-    """``module:function`` with signature ``fn(trajectory, role, scenario) -> float``; default: the env's rule."""
+    """``rule`` (the env's rule reward), ``judge`` (the env's LLM judge for this role, ``judge.*``; TeleSales) or
+    ``module:function`` with signature ``fn(trajectory, role, scenario) -> float``. Default: ``judge`` for
+    TeleSales (paper §5.1), ``rule`` otherwise (marti_ibrl/rewards.py)."""
     kl_coef: float = 0.02
     """β in Eq. 5: weight of the k3 KL to the role's initial checkpoint (0 disables the reference model)."""
     entropy_coef: float = 0.0
@@ -65,9 +67,11 @@ class RoleConfig:
 @dataclass
 class EnvConfig:
     name: str = "dond"
-    """Environment: ``dond`` (Deal-or-No-Deal)."""
+    """Environment: ``dond`` (Deal-or-No-Deal), ``dond3`` (three-party DoND) or ``telesales`` (Vehicle TeleSales,
+    roles ``sales`` and ``customer``)."""
     max_rounds: int = 10
-    """Round limit (a round is one turn per role); reaching it ends the dialogue with no deal."""
+    """Round limit (a round is one turn per role); reaching it ends the dialogue with no deal (TeleSales: the call
+    ends at the turn limit, ``2 * max_rounds`` turns)."""
     invalid_penalty: float = -1.0
     """Added to the reward of a role whose turn stayed malformed after the re-samples."""
     max_resamples: int = 2
@@ -82,9 +86,33 @@ class EnvConfig:
     (``"... (you get item0=N item1=N item2=N)"``), so accepting is copying rather than subtracting; an observation
     aid for tiny models trained from scratch (the game and its rewards are unchanged)."""
     data: str | None = None
-    """Lewis-format scenario file; when empty, scenarios come from the seeded generator."""
+    """Scenario file: Lewis format (DoND), or training profiles as JSONL (TeleSales,
+    ``marti-ibrl telesales profiles --split train``); when empty, scenarios come from the seeded generator."""
+    lang: str = "en"
+    """TeleSales prompt language (``en`` or ``zh``): the roles' system prompts and the judges' prompts."""
     num_scenarios: int = 4096
     """Size of the generated training scenario set (when ``data`` is empty)."""
+
+
+@dataclass
+class JudgeConfig:
+    """The OpenAI-compatible endpoint of the LLM judges (roles with ``reward_fn: judge``; paper §5.1: DeepSeek V4
+    Pro). Requests are async with a concurrency limit, a timeout each and bounded retries with backoff; a
+    trajectory whose judgement still fails leaves its role's group (counted, logged)."""
+
+    base_url: str | None = None
+    """e.g. ``https://api.deepseek.com/v1`` or a local vLLM ``http://127.0.0.1:8000/v1``."""
+    model: str | None = None
+    """Model name sent with every request."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key (keys are never passed as values)."""
+    max_concurrency: int = 16
+    """Judge requests in flight at once."""
+    timeout: float = 120.0
+    """Seconds per request."""
+    max_retries: int = 3
+    """Retries of a failed or invalid judgement before the trajectory is dropped."""
+    temperature: float = 0.0
 
 
 @dataclass
@@ -190,6 +218,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     ablation: str = "none"
     """Table 3 ablations: ``none``, ``shared_reward``, ``joint_norm``, ``no_stabilization`` (algorithm/ablations.py)."""
 
@@ -205,7 +234,9 @@ def env_roles(env_name: str) -> tuple[str, ...]:
         return ("agent1", "agent2")
     if env_name == "dond3":
         return ("agent1", "agent2", "agent3")
-    raise ConfigError(f"--env.name: unknown environment {env_name!r} (known: dond, dond3)")
+    if env_name == "telesales":
+        return ("sales", "customer")
+    raise ConfigError(f"--env.name: unknown environment {env_name!r} (known: dond, dond3, telesales)")
 
 
 def _flags_to_dotlist(argv: list[str]) -> list[tuple[str, str, str]]:
@@ -309,6 +340,10 @@ def validate(cfg: Config) -> None:
     need(cfg.env.bot_speech in ("natural", "markers"), "env.bot_speech", "must be natural or markers")
     need(not cfg.env.show_complement or cfg.env.name == "dond", "env.show_complement", "is for the two-party dond")
     need(cfg.env.data is None or Path(cfg.env.data).is_file(), "env.data", f"no such file {cfg.env.data}")
+    if cfg.env.name == "telesales":
+        from marti_ibrl.envs.telesales.prompts import languages
+
+        need(cfg.env.lang in languages(), "env.lang", f"TeleSales prompts exist in {languages()}, not {cfg.env.lang!r}")
     need(cfg.rollout.n_samples_per_prompt >= 2, "rollout.n_samples_per_prompt", "GRPO groups need G >= 2 (Eq. 4)")
     need(cfg.rollout.batch_size >= 1, "rollout.batch_size", "must be >= 1")
     need(cfg.rollout.micro_batch_size >= 1, "rollout.micro_batch_size", "must be >= 1")
@@ -355,6 +390,7 @@ def validate(cfg: Config) -> None:
                 )
             key_env = parsed.get("api_key_env")
             need(not key_env or key_env in os.environ, f"{p}.frozen", f"environment variable {key_env} is not set")
+        _validate_reward(cfg, role, p)
         if role.frozen:
             continue
         need(bool(role.pretrain), f"{p}.pretrain", f"a checkpoint path is required (or --{p}.frozen for a baseline)")
@@ -368,14 +404,6 @@ def validate(cfg: Config) -> None:
         need(role.num_engines >= 1, f"{p}.num_engines", "must be >= 1")
         need(role.tensor_parallel_size >= 1, f"{p}.tensor_parallel_size", "must be >= 1")
         need(role.num_nodes >= 1 and role.num_gpus_per_node >= 1, f"{p}.num_gpus_per_node", "must be >= 1")
-        if role.reward_fn is not None:
-            need(":" in role.reward_fn, f"{p}.reward_fn", "expected module:function")
-            from marti_ibrl.rewards import load_reward_fn
-
-            try:
-                load_reward_fn(role.reward_fn)
-            except (ImportError, AttributeError, TypeError) as e:
-                raise ConfigError(f"--{p}.reward_fn: {e}") from None
     pool = cfg.pool
     need(pool.size >= 1, "pool.size", "must be >= 1")
     need(pool.snapshot_every >= 1, "pool.snapshot_every", "must be >= 1")
@@ -401,6 +429,40 @@ def validate(cfg: Config) -> None:
         "train.micro_batch_size",
         f"must divide the {samples} samples per role per iteration (rollout.batch_size × n_samples_per_prompt)",
     )
+
+
+def _validate_reward(cfg: Config, role: RoleConfig, flag: str) -> None:
+    """``rule``, ``judge`` (an env with judges, and an endpoint to reach them) or an importable ``module:function``."""
+    from marti_ibrl.rewards import JUDGE, JUDGED_ENVS, RULE, load_reward_fn, reward_spec
+
+    spec = reward_spec(cfg.env.name, role)
+    if spec == RULE:
+        return
+    if spec == JUDGE:
+        if cfg.env.name not in JUDGED_ENVS:
+            raise ConfigError(
+                f"--{flag}.reward_fn: judge rewards exist for {', '.join(JUDGED_ENVS)}, not {cfg.env.name}"
+            )
+        judge, how = cfg.judge, f"{role.name}'s reward comes from the LLM judge (§5.1)"
+        if not judge.base_url or not judge.model:
+            missing = "--judge.base_url" if not judge.base_url else "--judge.model"
+            raise ConfigError(
+                f"{missing}: {how}: give the judge endpoint (--judge.base_url URL --judge.model NAME), or "
+                f"--{flag}.reward_fn rule (the rule-based outcome) or module:function"
+            )
+        if not str(judge.base_url).startswith(("http://", "https://")):
+            raise ConfigError(f"--judge.base_url: must start with http:// or https://, got {judge.base_url!r}")
+        if judge.api_key_env and judge.api_key_env not in os.environ:
+            raise ConfigError(f"--judge.api_key_env: environment variable {judge.api_key_env} is not set")
+        if judge.max_concurrency < 1 or judge.max_retries < 0 or judge.timeout <= 0:
+            raise ConfigError("--judge.max_concurrency: need max_concurrency >= 1, max_retries >= 0 and timeout > 0")
+        return
+    if ":" not in spec:
+        raise ConfigError(f"--{flag}.reward_fn: expected rule, judge or module:function, got {spec!r}")
+    try:
+        load_reward_fn(spec)
+    except (ImportError, AttributeError, TypeError) as e:
+        raise ConfigError(f"--{flag}.reward_fn: {e}") from None
 
 
 def to_yaml(cfg: Config) -> str:

@@ -1,12 +1,21 @@
-"""Per-role rewards R_i(τ) (paper §3.1, §5.1): the env's rule reward, or a user function.
+"""Per-role rewards R_i(τ) (paper §3.1, §5.1): the env's rule, an LLM judge, or a user function.
 
-A custom reward function is given as ``--roleN.reward_fn my_module:my_fn`` and has the signature::
+``--roleN.reward_fn`` picks a role's reward:
+
+* ``rule``: the environment's rule reward (DoND: own utility on a deal, minus the invalid penalty);
+* ``judge``: the environment's role-specific LLM judge behind ``--judge.base_url`` (TeleSales §5.1);
+* ``my_module:my_fn``: a user function with the signature::
 
     def my_fn(trajectory: marti_ibrl.rollout.dialogue.Trajectory, role: str, scenario) -> float
 
-``trajectory`` holds the finished dialogue (``turns``, ``seats``, ``outcome`` with per-role
-``utilities``, the env ``state``); ``role`` is the role being scored; ``scenario`` the env scenario.
-Each role's reward is computed independently; rewards are not assumed zero-sum or aligned.
+Unset, it is the environment's default (:func:`default_reward`): ``judge`` for TeleSales, as in the paper, ``rule``
+otherwise (and for frozen roles, whose rewards are only logged). ``trajectory`` holds the finished dialogue (``turns``, ``seats``, ``outcome`` with per-role
+``utilities``, the env ``state``); ``role`` is the role being scored; ``scenario`` the env scenario. Each role's
+reward is computed independently; rewards are not assumed zero-sum or aligned.
+
+A reward that cannot be computed (a judge still failing after its retries, a remote reward model down) raises
+:class:`RewardUnavailable`: the rollout runner records the reason in ``trajectory.reward_failures`` and the trainer
+drops that trajectory from the role's GRPO group (counted as ``ROLE/reward_failed``), never scoring it 0.
 """
 
 from __future__ import annotations
@@ -17,6 +26,29 @@ from collections.abc import Callable
 from typing import Any
 
 RewardFn = Callable[[Any, str, Any], float]
+RULE, JUDGE = "rule", "judge"
+JUDGED_ENVS = ("telesales",)
+"""Environments with LLM judges (``reward_fn: judge``)."""
+
+
+class RewardUnavailable(Exception):
+    """No reward for this (trajectory, role); ``kind`` is a count key, the message the logged reason."""
+
+    def __init__(self, reason: str, kind: str = "unavailable") -> None:
+        super().__init__(reason)
+        self.reason, self.kind = reason, kind
+
+
+def default_reward(env_name: str) -> str:
+    """The reward a trained role gets when ``reward_fn`` is unset: the paper's LLM judges for TeleSales, else the
+    rule."""
+    return JUDGE if env_name in JUDGED_ENVS else RULE
+
+
+def reward_spec(env_name: str, role) -> str:
+    """A role's reward (``role``: a :class:`marti_ibrl.config.RoleConfig`): its ``reward_fn``, else the default; a
+    frozen role (nobody trains on its reward; it is only logged) defaults to the rule, so no judge is paid for it."""
+    return role.reward_fn or (RULE if role.frozen else default_reward(env_name))
 
 
 def load_reward_fn(spec: str) -> RewardFn:
@@ -41,3 +73,35 @@ def env_reward(env) -> RewardFn:
         return float(env.reward(trajectory.state, role))
 
     return reward
+
+
+class RoleRewards:
+    """Every role's reward function as configured, and what they hold open (the judges' endpoint client).
+
+    ``fns[role]`` is R_role; ``stats()`` the judges' counts (scored, failures by kind) for the logs; ``close()``
+    shuts the client down. ``cfg`` is a :class:`marti_ibrl.config.Config`.
+    """
+
+    def __init__(self, cfg, env) -> None:
+        specs = {r.name: reward_spec(cfg.env.name, r) for r in cfg.roles}
+        self.judges: dict[str, Any] = {}
+        self.client = None
+        if JUDGE in specs.values():
+            from marti_ibrl.envs.telesales.judges import make_judges
+
+            self.client, self.judges = make_judges(cfg.judge, cfg.env.lang, [r for r, s in specs.items() if s == JUDGE])
+        self.fns: dict[str, RewardFn] = {}
+        for role, spec in specs.items():
+            if spec == RULE:
+                self.fns[role] = env_reward(env)
+            elif spec == JUDGE:
+                self.fns[role] = self.judges[role].reward_fn(env_reward(env))
+            else:
+                self.fns[role] = load_reward_fn(spec)
+
+    def stats(self) -> dict[str, float]:
+        return {f"judge/{r}/{k}": float(v) for r, judge in self.judges.items() for k, v in judge.stats.items()}
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()

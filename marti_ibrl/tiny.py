@@ -177,3 +177,27 @@ def build_tiny_dond_model(
 
     prompts = [role_prompt(s, i, prompt_style) for s in generate_scenarios(n_scenarios, seed) for i in (0, 1)]
     return build_tiny_model(out_dir, dond_corpus(prompts), seed=seed, **model)
+
+
+def telesales_corpus(n_calls: int = 40, seed: int = 99) -> list[str]:
+    """Tokenizer corpus for TeleSales: both roles' system prompts and every turn as each role sees it, over
+    ``n_calls`` synthetic calls (:func:`marti_ibrl.envs.telesales.transcripts.synthetic_calls`)."""
+    from marti_ibrl.envs.telesales.env import TeleSalesEnv
+    from marti_ibrl.envs.telesales.transcripts import synthetic_calls, turn_text
+
+    env = TeleSalesEnv()
+    corpus = ["0123456789", " ".join("0123456789")]
+    for call in synthetic_calls(n_calls, seed=seed):
+        corpus += [env.system_prompt(call["profile"], role) for role in env.roles]
+        for turn in call["turns"]:
+            text = turn_text(turn)
+            corpus += [text, env.counterpart_text(turn["speaker"], text, call["profile"])]
+    return corpus
+
+
+def build_tiny_telesales_model(
+    out_dir: str | os.PathLike[str], *, n_calls: int = 40, seed: int = 0, vocab_size: int = 2048, **model
+) -> str:
+    """:func:`build_tiny_model` for TeleSales (both roles share it). Vocabulary 2048: the customer's Table 16 system
+    prompt is then about 1k tokens, a JSON customer turn about 100. ``model``: build_tiny_model's keywords."""
+    return build_tiny_model(out_dir, telesales_corpus(n_calls), vocab_size=vocab_size, seed=seed, **model)

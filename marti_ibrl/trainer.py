@@ -37,7 +37,7 @@ from marti_ibrl.backend.openrlhf_glue import (
 )
 from marti_ibrl.config import Config, RoleConfig, to_yaml
 from marti_ibrl.envs import make_env
-from marti_ibrl.rewards import env_reward, load_reward_fn
+from marti_ibrl.rewards import RoleRewards
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.render import role_experience
 from marti_ibrl.rollout.runner import DialogueRunner, Policy
@@ -78,14 +78,20 @@ class ScenarioSampler:
         self._order = self._shuffled()
 
 
-def members(trajectories: Sequence[Trajectory], role: str) -> list[Trajectory]:
+def members(trajectories: Sequence[Trajectory], role: str, needed: Sequence[str] = ()) -> list[Trajectory]:
     """The trajectories in role i's groups G_{i,q} (Eq. 4): its *current* policy acted — took the seat and
     spoke at least once (a dialogue can end before a role's first turn, e.g. the opener's malformed turn or
-    a three-party deal refused early) — and no frozen counterpart failed to answer (counted, never trained on)."""
+    a three-party deal refused early) —, no frozen counterpart failed to answer, and the rewards its training
+    reward needs (``needed``, default its own) were computed: a judge failure drops the trajectory (counted,
+    never trained on as a 0)."""
+    needed = set(needed or [role])
     return [
         t
         for t in trajectories
-        if acted_with_current_policy(t.policies, role) and not t.failed and t.views[role].action_ranges
+        if acted_with_current_policy(t.policies, role)
+        and not t.failed
+        and t.views[role].action_ranges
+        and not needed & t.reward_failures.keys()
     ]
 
 
@@ -136,13 +142,20 @@ class IBRLTrainer:
         ray.get([ref for s in self.stacks.values() for ref in s.init_models(cfg.train.iterations)])
         # engines start from the actor's weights (as loaded, in its dtype), exactly as after any update
         ray.get([ref for s in self.stacks.values() for ref in s.sync_engines_async()])
-        reward_fns = {r.name: load_reward_fn(r.reward_fn) if r.reward_fn else env_reward(self.env) for r in cfg.roles}
+        self.rewards = RoleRewards(cfg, self.env)  # R_i per role: rule, LLM judge or a user function
         sampling = {
             "temperature": cfg.rollout.temperature,
             "top_p": cfg.rollout.top_p,
             "max_new_tokens": cfg.rollout.max_new_tokens,
         }
-        self.runner = DialogueRunner(self.env, reward_fns, sampling, cfg.rollout.max_len, cfg.env.max_resamples)
+        self.runner = DialogueRunner(
+            self.env,
+            self.rewards.fns,
+            sampling,
+            cfg.rollout.max_len,
+            cfg.env.max_resamples,
+            reward_workers=max(4, cfg.judge.max_concurrency) if self.rewards.judges else 4,
+        )
         self.pools = {}
         if uses_pool(cfg):
             self.pools = {
@@ -274,7 +287,11 @@ class IBRLTrainer:
         """Per trained role, its group members (Eq. 4) with the reward it optimises (R_i, or an ablation's)."""
         ablation = self.cfg.ablation
         scored = {
-            r: [(t, ablations.training_reward(ablation, t, r)) for t in members(trajectories, r)] for r in self.trained
+            r: [
+                (t, ablations.training_reward(ablation, t, r))
+                for t in members(trajectories, r, ablations.rewards_needed(ablation, r, self.roles))
+            ]
+            for r in self.trained
         }
         if ablation == "joint_norm":
             flat = [(r, t.scenario_uid, x) for r in self.trained for t, x in scored[r]]
@@ -311,6 +328,12 @@ class IBRLTrainer:
         bar = tqdm(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
         for k in bar:
             metrics = self.iteration(k)
+            for r in self.roles:
+                if metrics[f"{r}/reward_failed"]:
+                    bar.write(
+                        f"iteration {k}: {metrics[f'{r}/reward_failed']:.0%} of the dialogues have no {r} reward "
+                        "(left out of its groups; reasons in the log above)"
+                    )
             self.history.append(metrics)
             self.logger.log_train(k, metrics)
             bar.set_postfix({f"{r}/reward": f"{metrics[f'{r}/reward']:.2f}" for r in self.roles})
@@ -318,6 +341,7 @@ class IBRLTrainer:
                 self.save(k)
         self.save(cfg.train.iterations, final=True)
         self.logger.close()
+        self.rewards.close()
         return self.history
 
     # -- checkpoints, logs -----------------------------------------------------------------------------------
@@ -393,8 +417,11 @@ class IBRLTrainer:
         for r, pool in self.pools.items():
             m[f"pool/{r}/size"] = float(len(pool))
             m[f"pool/{r}/snapshot_seconds"] = pool.members[-1].seconds if len(pool) else 0.0
+        m.update(self.rewards.stats())
         for r in self.roles:
-            m[f"{r}/reward"] = mean(t.rewards[r] for t in trajectories)
+            scored = [t.rewards[r] for t in trajectories if r in t.rewards]
+            m[f"{r}/reward"] = mean(scored) if scored else float("nan")
+            m[f"{r}/reward_failed"] = sum(r in t.reward_failures for t in trajectories) / n
             m[f"{r}/utility"] = mean(t.outcome.utilities.get(r, 0.0) for t in trajectories)
             m[f"{r}/malformed"] = sum(t.outcome.info.get("fault_role") == r for t in trajectories) / n
             m[f"{r}/updated"] = float(r in status)

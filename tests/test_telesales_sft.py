@@ -28,7 +28,7 @@ from marti_ibrl.envs.telesales.transcripts import (
     turn_text,
     write_transcripts,
 )
-from marti_ibrl.tiny import build_tiny_model
+from marti_ibrl.tiny import build_tiny_telesales_model
 
 ENDINGS = {"contact_added", "hang_up", "sales_end"}
 
@@ -43,22 +43,9 @@ def calls() -> list[dict]:
     return synthetic_calls(12, seed=0)
 
 
-def telesales_corpus(env: TeleSalesEnv, calls: list[dict]) -> list[str]:
-    """Both roles' system prompts and every turn as each role sees it: the text the tiny tokenizer must cover."""
-    corpus = ["0123456789", " ".join("0123456789")]
-    for call in calls:
-        corpus += [env.system_prompt(call["profile"], role) for role in env.roles]
-        for turn in call["turns"]:
-            text = turn_text(turn)
-            corpus += [text, env.counterpart_text(turn["speaker"], text, call["profile"])]
-    return corpus
-
-
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory, env: TeleSalesEnv) -> str:
-    # vocab 2048: customer records are ~1.35k tokens (its Table 16 prompt ~1k), sales records ~0.6k
-    corpus = telesales_corpus(env, synthetic_calls(40, seed=99))
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"), corpus, vocab_size=2048)
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_tiny_telesales_model(tmp_path_factory.mktemp("tiny"))
 
 
 def replay(env: TeleSalesEnv, call: dict):

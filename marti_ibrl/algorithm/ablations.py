@@ -37,6 +37,12 @@ def resolve(cfg: Config) -> tuple[Config, list[str]]:
     return cfg, changes
 
 
+def rewards_needed(ablation: str, role: str, roles: Sequence[str]) -> list[str]:
+    """The roles whose rewards R_j(τ) role ``role``'s training reward is made of (a trajectory missing one of them,
+    e.g. after a judge failure, cannot be in the role's group)."""
+    return list(roles) if ablation == "shared_reward" else [role]
+
+
 def training_reward(ablation: str, trajectory: Trajectory, role: str) -> float:
     """The reward role ``role`` optimises on ``trajectory``: R_i(τ), or Σ_j R_j(τ) under ``shared_reward``."""
     if ablation == "shared_reward":

@@ -38,4 +38,10 @@ def make_env(cfg: EnvConfig, seed: int) -> tuple[DialogueEnv, list[tuple[str, ob
             bot_speech=cfg.bot_speech,
         )
         return env, [(s.uid, s) for s in generate_three_party_scenarios(cfg.num_scenarios, seed)]
+    if cfg.name == "telesales":
+        from marti_ibrl.envs.telesales import TeleSalesEnv, generate_profiles, read_jsonl
+
+        env = TeleSalesEnv(max_turns=2 * cfg.max_rounds, invalid_penalty=cfg.invalid_penalty, lang=cfg.lang)
+        profiles = read_jsonl(cfg.data, "train") if cfg.data else generate_profiles(cfg.num_scenarios, seed, "train")
+        return env, [(p["sample_id"], p) for p in profiles]
     raise ValueError(f"unknown environment {cfg.name!r}")

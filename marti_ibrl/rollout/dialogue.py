@@ -29,7 +29,8 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     state: Any = None  # the env's final state
     outcome: Outcome | None = None
-    rewards: dict[str, float] = field(default_factory=dict)  # R_i(τ) per role
+    rewards: dict[str, float] = field(default_factory=dict)  # R_i(τ) per role that has one
+    reward_failures: dict[str, str] = field(default_factory=dict)  # role -> why it has no reward (not in its group)
     views: dict[str, Any] = field(default_factory=dict)  # role -> RoleView (token ids + action ranges)
     truncated: bool = False  # ended because a role's context hit rollout.max_len
     failed: bool = False  # a frozen counterpart (endpoint) could not produce a turn: kept out of training

@@ -21,6 +21,10 @@ Malformed turns (the env says ``valid=False``) are re-sampled up to ``max_resamp
 discarded attempts leave no trace. A turn still malformed after that ends the dialogue as
 malformed (no deal, the env's invalid penalty for its speaker). A dialogue whose next turn could not
 fit a role's context (``max_len``) ends without a deal (``context_limit``).
+
+A reward function that raises :class:`~marti_ibrl.rewards.RewardUnavailable` (an LLM judge failing after its
+retries) leaves that role without a reward for the dialogue: the reason goes to ``trajectory.reward_failures``
+and the trainer keeps the trajectory out of that role's group.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import ray
 from tqdm import tqdm
 
 from marti_ibrl.envs.base import DialogueEnv
+from marti_ibrl.rewards import RewardUnavailable
 from marti_ibrl.rollout.dialogue import Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
 
@@ -168,7 +173,11 @@ class DialogueRunner:
                             bar.update(1)
                 live = still_live
             for traj, futures in scoring:
-                traj.rewards = {role: float(f.result()) for role, f in futures.items()}
+                for role, future in futures.items():
+                    try:
+                        traj.rewards[role] = float(future.result())
+                    except RewardUnavailable as missing:  # e.g. a judge failing after its retries
+                        traj.reward_failures[role] = f"{missing.kind}: {missing.reason}"
         bar.close()
         return sorted(done, key=lambda t: request_order[id(t)])
 

@@ -12,6 +12,8 @@ from marti_ibrl.envs.telesales.profiles import (
     flat_fields,
     generate_profile,
     generate_profiles,
+    profile_id,
+    read_jsonl,
     sales_view,
     write_jsonl,
 )
@@ -31,6 +33,8 @@ __all__ = [
     "generate_profile",
     "generate_profiles",
     "initial_scores",
+    "profile_id",
+    "read_jsonl",
     "sales_view",
     "write_jsonl",
 ]

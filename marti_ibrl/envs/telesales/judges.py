@@ -47,6 +47,7 @@ from marti_ibrl.envs.telesales.env import SUCCESS, TeleSalesEnv, TeleSalesState
 from marti_ibrl.envs.telesales.profiles import flat_fields, sales_view
 from marti_ibrl.envs.telesales.prompts import DEFAULT_SERVICE, format_dialogue, load_template, render
 from marti_ibrl.llm import AsyncChatClient, ChatFailure
+from marti_ibrl.rewards import RewardFn, RewardUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -90,13 +91,9 @@ def trajectory_reward(
     return lam_turn * discounted_turn_score(turn_scores, gamma) + lam_episode * episode_outcome
 
 
-class JudgeFailure(Exception):
+class JudgeFailure(RewardUnavailable):
     """No valid judgement for a trajectory: ``reason`` says why, ``kind`` is a count key (``bad_output``,
     ``timeout``, ``http_5xx``, ``no_turns``, ...). The trajectory must leave its role's group."""
-
-    def __init__(self, reason: str, kind: str = "judge") -> None:
-        super().__init__(reason)
-        self.reason, self.kind = reason, kind
 
 
 @dataclass(frozen=True)
@@ -254,32 +251,51 @@ class Judge:
         reward = trajectory_reward(scores, episode, self.gamma, self.lam_turn, self.lam_episode) + self.penalty(state)
         return JudgeResult(self.role, reward, turn_part, episode, scores, verdict)
 
+    async def score_counted(self, traj: Any) -> JudgeResult | JudgeFailure:
+        """:meth:`score`, with a failure returned instead of raised, counted in ``stats`` (``failures`` and
+        ``failure:KIND``) and logged with its reason."""
+        try:
+            result = await self.score(traj)
+        except JudgeFailure as failure:
+            self.stats["failures"] += 1
+            self.stats[f"failure:{failure.kind}"] = self.stats.get(f"failure:{failure.kind}", 0) + 1
+            logger.warning(
+                "no %s reward for trajectory %s/%s (drop it from its group): %s",
+                self.role,
+                traj.scenario_uid,
+                traj.sample_index,
+                failure.reason,
+            )
+            return failure
+        self.stats["scored"] += 1
+        return result
+
     async def score_batch(self, trajectories: Sequence[Any]) -> list[JudgeResult | JudgeFailure]:
-        """:meth:`score` of every trajectory, concurrently (the client's limit); failures are returned in place,
-        counted in ``stats`` (``failures`` and ``failure:KIND``) and logged with their reason."""
-
-        async def one(traj: Any) -> JudgeResult | JudgeFailure:
-            try:
-                result = await self.score(traj)
-            except JudgeFailure as failure:
-                self.stats["failures"] += 1
-                self.stats[f"failure:{failure.kind}"] = self.stats.get(f"failure:{failure.kind}", 0) + 1
-                logger.warning(
-                    "no %s reward for trajectory %s/%s (drop it from its group): %s",
-                    self.role,
-                    traj.scenario_uid,
-                    traj.sample_index,
-                    failure.reason,
-                )
-                return failure
-            self.stats["scored"] += 1
-            return result
-
-        return list(await asyncio.gather(*(one(t) for t in trajectories)))
+        """:meth:`score_counted` of every trajectory, concurrently (the client's limit), in order."""
+        return list(await asyncio.gather(*(self.score_counted(t) for t in trajectories)))
 
     def score_batch_sync(self, trajectories: Sequence[Any]) -> list[JudgeResult | JudgeFailure]:
         """:meth:`score_batch` for callers outside an event loop (the client's background loop)."""
         return self.client.run_sync(self.score_batch(trajectories))
+
+    def reward_fn(self, without_turns: RewardFn) -> RewardFn:
+        """R_role as a rollout reward function ``fn(trajectory, role, scenario)`` (any thread; requests from all
+        threads share the client's loop and concurrency limit). A failed judgement raises :class:`JudgeFailure`
+        (a :class:`~marti_ibrl.rewards.RewardUnavailable`: the trainer drops the trajectory from the role's group).
+        A call in which the role never spoke (the agent's malformed opening) has nothing to judge and is in none
+        of the role's groups: it gets ``without_turns`` (the env's rule reward), without a request."""
+
+        def reward(traj: Any, role: str, scenario: Any) -> float:
+            if role != self.role:
+                raise ValueError(f"the {self.role} judge cannot score role {role!r}")
+            if not self.turns(traj):
+                return without_turns(traj, role, scenario)
+            result = self.client.run_sync(self.score_counted(traj))
+            if isinstance(result, JudgeFailure):
+                raise result
+            return result.reward
+
+        return reward
 
 
 class SalesJudge(Judge):
@@ -355,3 +371,23 @@ def _finished_state(traj: Any) -> TeleSalesState:
     if not isinstance(state, TeleSalesState) or not state.done:
         raise ValueError(f"trajectory {traj.scenario_uid!r}: judges score finished TeleSales calls only")
     return state
+
+
+JUDGES: dict[str, type[Judge]] = {"sales": SalesJudge, "customer": CustomerJudge}
+
+
+def make_judges(cfg: Any, lang: str, roles: Sequence[str]) -> tuple[AsyncChatClient, dict[str, Judge]]:
+    """One endpoint client (``cfg``: :class:`marti_ibrl.config.JudgeConfig`) shared by the judges of ``roles``."""
+    unknown = [r for r in roles if r not in JUDGES]
+    if unknown:
+        raise ValueError(f"no TeleSales judge for roles {unknown} (judged roles: {', '.join(JUDGES)})")
+    client = AsyncChatClient(
+        cfg.base_url,
+        cfg.model,
+        cfg.api_key_env,
+        max_concurrency=cfg.max_concurrency,
+        max_retries=cfg.max_retries,
+        timeout=cfg.timeout,
+    )
+    sampling = {"temperature": cfg.temperature}
+    return client, {r: JUDGES[r](client, lang=lang, sampling=sampling) for r in roles}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 from collections.abc import Iterable
 from typing import IO, Any
@@ -437,6 +438,50 @@ def generate_profiles(n: int, seed: int = 0, split: str = "eval") -> list[dict[s
 def write_jsonl(profiles: Iterable[dict[str, Any]], fp: IO[str]) -> None:
     for profile in profiles:
         fp.write(json.dumps(profile, ensure_ascii=False) + "\n")
+
+
+def profile_id(profile: dict[str, Any]) -> str:
+    """A profile's ``sample_id`` (top level for training profiles, in ``case_control`` for evaluation ones)."""
+    return profile["sample_id"] if "sample_id" in profile else profile["case_control"]["sample_id"]
+
+
+def read_jsonl(path: str | os.PathLike[str], split: str) -> list[dict[str, Any]]:
+    """Profiles of ``split`` from a JSONL file (``marti-ibrl telesales profiles`` or your own in the same layout).
+
+    Every line is checked before anything is used: a JSON object of that split with every group and field of
+    :data:`TRAIN_GROUPS` / :data:`EVAL_GROUPS` and a unique ``sample_id``. ``ValueError`` names ``path:line``."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})")
+    profiles, seen = [], {}
+    with open(path, encoding="utf-8") as fp:
+        for n, line in enumerate(fp, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                profile = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not JSON ({e.msg})") from None
+            got = profile.get("generation_meta", {}).get("split") if isinstance(profile, dict) else None
+            if got != split:
+                raise ValueError(f"{where}: expected a profile of split {split!r}, got generation_meta.split {got!r}")
+            try:
+                groups, uid = attributes(profile), profile_id(profile)
+            except (KeyError, TypeError) as e:
+                raise ValueError(
+                    f"{where}: missing {e} (layout of `marti-ibrl telesales profiles --split {split}`)"
+                ) from None
+            schema = TRAIN_GROUPS if split == "train" else EVAL_GROUPS
+            missing = [f"{g}.{f}" for g, fields in schema.items() for f in fields if f not in groups[g]]
+            if missing:
+                raise ValueError(f"{where}: missing fields {', '.join(missing)}")
+            if uid in seen:
+                raise ValueError(f"{where}: sample_id {uid!r} repeats line {seen[uid]}")
+            seen[uid] = n
+            profiles.append(profile)
+    if not profiles:
+        raise ValueError(f"{path}: no profiles")
+    return profiles
 
 
 # ---- views ----
