@@ -93,11 +93,11 @@ def env() -> DondEnv:
     return DondEnv(prompt_style="compact", max_rounds=6)
 
 
-def _run(env, tok, policies_for_agent2, seed: int = 0, max_live: int | None = None):
+def _run(env, tok, policies_for_agent2, seed: int = 0, max_live: int | None = None, reward_fns=None):
     engine = SeededFakeEngine(tok)
     runner = DialogueRunner(
         env,
-        reward_fns={r: env_reward(env) for r in ROLES},
+        reward_fns=reward_fns or {r: env_reward(env) for r in ROLES},
         sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": MAX_NEW_TOKENS},
         max_len=4096,
         max_resamples=2,
@@ -243,6 +243,32 @@ def test_a_failed_text_turn_ends_only_that_dialogue(env, tok, no_ray) -> None:
             assert t.outcome.info["reason"] != COUNTERPART_FAILURE
             assert len(t.turns) >= 2 and any(turn.role == "agent2" for turn in t.turns)
     assert sum(t.failed for t in trajs) == N_SAMPLES
+
+
+def test_an_unavailable_reward_leaves_only_that_roles_group(env, tok, no_ray) -> None:
+    from marti_ibrl.algorithm.ablations import rewards_needed
+    from marti_ibrl.rewards import RewardUnavailable
+    from marti_ibrl.trainer import members
+
+    def judged(traj, role, scenario) -> float:  # a remote reward that is down for scenario s1
+        if traj.scenario_uid == "s1":
+            raise RewardUnavailable("judge endpoint down after 3 retries", "http_5xx")
+        return 0.5
+
+    rule = env_reward(env)
+    trajs, _ = _run(env, tok, _bot("greedy"), reward_fns={"agent1": judged, "agent2": rule})
+    for t in trajs:
+        if t.scenario_uid == "s1":
+            assert t.reward_failures == {"agent1": "http_5xx: judge endpoint down after 3 retries"}
+            assert t.rewards == {"agent2": rule(t, "agent2", t.scenario)}
+        else:
+            assert t.reward_failures == {} and t.rewards["agent1"] == 0.5
+    assert [t.scenario_uid for t in members(trajs, "agent1")] == ["s0"] * N_SAMPLES
+    # shared_reward trains agent1 on R_1 + R_2: a call missing either reward cannot be in its group
+    assert rewards_needed("shared_reward", "agent2", ROLES) == list(ROLES) and rewards_needed(
+        "none", "agent2", ROLES
+    ) == ["agent2"]
+    assert members(trajs, "agent1", rewards_needed("shared_reward", "agent1", ROLES)) == members(trajs, "agent1")
 
 
 def _signature(trajs: list[Trajectory]) -> list:

@@ -310,3 +310,41 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str], args: list[str], message
     assert main(["telesales", "profiles", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("split", P.SPLITS)
+def test_read_jsonl_round_trip_and_training_scenarios(tmp_path: Path, split: str) -> None:
+    from marti_ibrl.config import EnvConfig
+    from marti_ibrl.envs import make_env
+
+    profiles = P.generate_profiles(3, seed=5, split=split)
+    path = tmp_path / "profiles.jsonl"
+    with path.open("w") as f:
+        P.write_jsonl(profiles, f)
+    assert P.read_jsonl(path, split) == profiles
+    assert [P.profile_id(p) for p in profiles] == [f"ts-{split}-5-0000{i}" for i in range(3)]
+    if split == "train":  # the file becomes the training scenarios, keyed by sample_id (the GRPO groups)
+        env, scenarios = make_env(EnvConfig(name="telesales", data=str(path), max_rounds=7), seed=0)
+        assert [uid for uid, _ in scenarios] == ["ts-train-5-00000", "ts-train-5-00001", "ts-train-5-00002"]
+        assert env.max_turns == 14 and scenarios[1][1] == profiles[1]
+        _, generated = make_env(EnvConfig(name="telesales", num_scenarios=4), seed=5)
+        assert [p for _, p in generated] == P.generate_profiles(4, seed=5, split="train")
+
+
+def test_read_jsonl_errors_name_the_line(tmp_path: Path) -> None:
+    train = P.generate_profiles(2, seed=0, split="train")
+    no_phone = json.loads(json.dumps(train[1]))
+    del no_phone["lead"]["phone_number"]
+    cases = {
+        "wrong split": ([P.generate_profile(0, 0, "eval")], ":1: expected a profile of split 'train', got"),
+        "not json": (["{oops"], ":1: not JSON"),
+        "missing field": ([train[0], no_phone], ":2: missing fields lead.phone_number"),
+        "duplicate": ([train[0], train[0]], ":2: sample_id 'ts-train-0-00000' repeats line 1"),
+        "empty": ([], ": no profiles"),
+    }
+    for name, (rows, message) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.jsonl"
+        path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+        with pytest.raises(ValueError) as err:
+            P.read_jsonl(path, "train")
+        assert str(err.value).startswith(str(path)) and message in str(err.value), (name, str(err.value))
