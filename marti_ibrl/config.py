@@ -67,8 +67,8 @@ class RoleConfig:
 @dataclass
 class EnvConfig:
     name: str = "dond"
-    """Environment: ``dond`` (Deal-or-No-Deal), ``dond3`` (three-party DoND) or ``telesales`` (Vehicle TeleSales,
-    roles ``sales`` and ``customer``)."""
+    """Environment: ``dond`` (Deal-or-No-Deal), ``dond3`` (three-party DoND), ``telesales`` (Vehicle TeleSales,
+    roles ``sales`` and ``customer``) or ``module:Class``, an environment of your own (marti_ibrl/envs/custom.py)."""
     max_rounds: int = 10
     """Round limit (a round is one turn per role); reaching it ends the dialogue with no deal (TeleSales: the call
     ends at the turn limit, ``2 * max_rounds`` turns)."""
@@ -236,7 +236,16 @@ def env_roles(env_name: str) -> tuple[str, ...]:
         return ("agent1", "agent2", "agent3")
     if env_name == "telesales":
         return ("sales", "customer")
-    raise ConfigError(f"--env.name: unknown environment {env_name!r} (known: dond, dond3, telesales)")
+    if ":" in env_name:  # a custom environment class, module:Class (marti_ibrl/envs/__init__.py)
+        from marti_ibrl.envs.custom import load_env_class
+
+        try:
+            return tuple(load_env_class(env_name).roles)
+        except (ImportError, AttributeError, TypeError) as e:
+            raise ConfigError(f"--env.name: {e}") from None
+    raise ConfigError(
+        f"--env.name: unknown environment {env_name!r} (known: dond, dond3, telesales, or module:Class of your own)"
+    )
 
 
 def _flags_to_dotlist(argv: list[str]) -> list[tuple[str, str, str]]:

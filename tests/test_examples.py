@@ -1,7 +1,11 @@
-"""Examples are real: the fairness reward plugs in through the same loader the trainer uses."""
+"""Examples are real: the fairness reward plugs in through the same loader the trainer uses; the custom price
+negotiation environment plays by its rules and trains for one IB-RL iteration through the same trainer."""
 
 import sys
+import zlib
 from pathlib import Path
+
+import pytest
 
 from marti_ibrl.envs.base import Outcome
 from marti_ibrl.rewards import load_reward_fn
@@ -20,3 +24,107 @@ def test_fair_reward_example(monkeypatch):
     traj.outcome = Outcome(agreed=False, malformed=False, utilities={"agent1": 0.0, "agent2": 0.0})
     assert fn(traj, "agent1", None) == 0.0
     sys.modules.pop("fair_reward", None)
+
+
+# -- examples/price_negotiation.py: a custom two-role environment through --env.name module:Class ------------------
+
+
+@pytest.fixture
+def price_env(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    from marti_ibrl.config import EnvConfig
+    from marti_ibrl.envs import make_env
+
+    yield make_env(EnvConfig(name="price_negotiation:PriceNegotiation", max_rounds=2, num_scenarios=5), seed=3)
+    sys.modules.pop("price_negotiation", None)
+
+
+def _play(env, scenario, seats, texts):
+    state = env.new_state(scenario, seats)
+    results = []
+    for text in texts:
+        role = env.current_role(state)
+        results.append(env.step(state, role, text))
+        if not results[-1].valid:
+            env.finish_malformed(state, role)
+    return state, results
+
+
+def test_price_negotiation_rules_and_rewards(price_env):
+    env, scenarios = price_env
+    assert env.roles == ("buyer", "seller") and len(scenarios) == 5 and scenarios[0][0] == "item-3-0"
+    item = scenarios[0][1]
+    assert f"worth {item.value}" in env.system_prompt(item, "buyer") and str(item.value) not in env.system_prompt(
+        item, "seller"
+    ).replace(str(item.cost), "")
+    state, results = _play(env, item, ("seller", "buyer"), ["I want 90. OFFER 90", "Too much. OFFER 40", "ACCEPT"])
+    assert [r.valid for r in results] == [True, True, True] and state.done and state.price == 40
+    scale = max(item.value, item.cost)
+    assert env.reward(state, "buyer") == pytest.approx((item.value - 40) / scale)
+    assert env.reward(state, "seller") == pytest.approx((40 - item.cost) / scale)
+    # accepting with nothing on the table, or no action, is malformed: the speaker pays the penalty
+    state, results = _play(env, item, ("buyer", "seller"), ["ACCEPT"])
+    assert not results[0].valid and state.fault_role == "buyer"
+    assert env.reward(state, "buyer") == -1.0 and env.reward(state, "seller") == 0.0
+    state, _ = _play(env, item, ("buyer", "seller"), ["OFFER 10", "OFFER 99", "OFFER 20", "OFFER 90"])
+    assert state.done and state.reason == "turn limit" and not env.outcome(state).agreed
+
+
+def test_custom_env_errors_name_the_flag(tmp_path, monkeypatch):
+    from marti_ibrl.config import ConfigError, load_config
+
+    (tmp_path / "broken_envs.py").write_text("class NoRoles:\n    pass\n\nclass Partial:\n    roles = ('a', 'b')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = {
+        "no_such_module:Env": "No module named 'no_such_module'",
+        "broken_envs:NoRoles": "needs a class attribute `roles`",
+        "broken_envs:Partial": "missing methods system_prompt, new_state",
+        "broken_envs:Missing": "has no attribute 'Missing'",
+    }
+    for name, why in cases.items():
+        with pytest.raises(ConfigError) as err:
+            load_config(["--env.name", name, "--role1.pretrain", str(tmp_path), "--role2.pretrain", str(tmp_path)])
+        assert str(err.value).startswith("--env.name: ") and why in str(err.value), str(err.value)
+    sys.modules.pop("broken_envs", None)
+
+
+@pytest.mark.slow
+def test_price_negotiation_trains_one_iteration(tmp_path, monkeypatch):
+    import ray
+
+    from marti_ibrl.config import load_config
+    from marti_ibrl.tiny import build_tiny_model
+    from marti_ibrl.trainer import IBRLTrainer
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    from price_negotiation import PROMPTS, RULES
+
+    corpus = [
+        p.format(item=i, value=v, cost=v) + RULES for p in PROMPTS.values() for i in ("bike", "lamp") for v in (9, 42)
+    ]
+    corpus += [f"I can do {p}. OFFER {p}" for p in range(0, 120, 7)] + ["ACCEPT", "Deal. ACCEPT", "No. WALK"]
+    model = build_tiny_model(tmp_path / "tiny", corpus, vocab_size=400)
+    cfg = load_config(
+        [
+            *("--env.name", "price_negotiation:PriceNegotiation", "--env.max_rounds", "2", "--env.num_scenarios", "8"),
+            *("--role1.pretrain", model, "--role2.pretrain", model, "--role1.reward_fn", "test_examples:text_hash"),
+            *("--role2.reward_fn", "test_examples:text_hash"),
+            # G = 4: openers alternate within a group, so each role opens (and surely acts) in two of its four calls
+            *("--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "4", "--rollout.max_new_tokens", "8"),
+            *("--rollout.max_len", "256", "--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2"),
+            *("--train.iterations", "1", "--ckpt.path", str(tmp_path / "run"), "--ckpt.save_hf", "false"),
+        ]
+    )
+    history = IBRLTrainer(cfg).fit()
+    ray.shutdown()
+    m = history[0]
+    assert m["buyer/updated"] == 1.0 and m["seller/updated"] == 1.0
+    assert m["buyer/adv_abs_mean"] > 0 and m["seller/adv_abs_mean"] > 0
+    assert (tmp_path / "run" / "buyer" / "ckpt").is_dir() and (tmp_path / "run" / "seller" / "ckpt").is_dir()
+    sys.modules.pop("price_negotiation", None)
+
+
+def text_hash(trajectory, role, scenario) -> float:
+    """A toy reward in [0, 1) that differs between any two different texts of the role (an untrained model's turns
+    are all malformed, so the rule reward would tie every rollout and give zero advantages)."""
+    return zlib.crc32("".join(t.text for t in trajectory.turns if t.role == role).encode()) / 2**32

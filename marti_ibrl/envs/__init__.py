@@ -44,4 +44,8 @@ def make_env(cfg: EnvConfig, seed: int) -> tuple[DialogueEnv, list[tuple[str, ob
         env = TeleSalesEnv(max_turns=2 * cfg.max_rounds, invalid_penalty=cfg.invalid_penalty, lang=cfg.lang)
         profiles = read_jsonl(cfg.data, "train") if cfg.data else generate_profiles(cfg.num_scenarios, seed, "train")
         return env, [(p["sample_id"], p) for p in profiles]
+    if ":" in cfg.name:
+        from marti_ibrl.envs.custom import make_custom_env
+
+        return make_custom_env(cfg, seed)
     raise ValueError(f"unknown environment {cfg.name!r}")
