@@ -341,8 +341,8 @@ def test_prompts_render_every_slot() -> None:
                 assert python_repr not in text, (role, python_repr)
     assert "Wang Lei" in env.system_prompt(PROFILE, "sales")
     assert prompts.slots(prompts.load_template("customer")) >= {"name", "willingness_before", "wechat_status"}
-    with pytest.raises(ValueError, match="no TeleSales prompt templates for language 'zh'"):
-        TeleSalesEnv(lang="zh").system_prompt(PROFILE, "sales")
+    with pytest.raises(ValueError, match="no TeleSales prompt templates for language 'fr'"):
+        TeleSalesEnv(lang="fr").system_prompt(PROFILE, "sales")
     with pytest.raises(KeyError, match="customer_phone"):
         prompts.render("{customer_phone}", {})
 

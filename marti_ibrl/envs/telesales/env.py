@@ -11,7 +11,7 @@ re-samples them (``max_resamples``). A sales turn still
 invalid after that ends the call as malformed (``invalid_penalty`` for the sales agent). A customer turn still
 invalid gets a **fallback** instead (:meth:`TeleSalesEnv.finish_malformed`): behavior ``Hesitate``, stage
 unchanged, both deltas 0, and as reply the reply of the rejected attempt when its JSON is well formed on its own
-(:func:`visible_reply`), else :data:`FALLBACK_REPLY`; ``state.fallbacks`` counts them and the call goes on.
+(:func:`visible_reply`), else the fallback reply (``prompts.PHRASES``); ``state.fallbacks`` counts them and the call goes on.
 
 The call ends on ``ConfirmAdded`` (success), ``HangUp``, the sales ``<status=end>`` or after ``max_turns`` turns
 (both roles' turns counted). **Success rule:** ``ConfirmAdded`` is a valid customer turn only after an earlier
@@ -37,7 +37,7 @@ from typing import Any
 from marti_ibrl.envs.base import Outcome, TurnResult
 from marti_ibrl.envs.telesales import protocol
 from marti_ibrl.envs.telesales.profiles import MAX_TURNS, STATE_BASE, STATE_EFFECTS, flat_fields
-from marti_ibrl.envs.telesales.prompts import customer_prompt, sales_prompt
+from marti_ibrl.envs.telesales.prompts import customer_prompt, phrase, sales_prompt
 
 SEATS = ("sales", "customer")
 """The only speaking order: the sales agent opens the call."""
@@ -48,12 +48,8 @@ SALES_END = "sales_end"
 TURN_LIMIT = "turn_limit"
 MALFORMED = "malformed"
 FALLBACK_BEHAVIOR = "Hesitate"
-FALLBACK_REPLY = "Sorry, could you say that again?"
-TOOL_NOTES = {
-    "add_business_contact": "[The agent sent a WeChat friend request to {phone_number}]",
-    "send_contact_invitation": "[The agent sent an SMS with a WeChat invitation link]",
-}
-END_NOTE = "[The agent ended the call]"
+FALLBACK_REPLY = phrase("fallback_reply")
+"""The fallback's reply in English; ``prompts.PHRASES`` has it per language."""
 
 
 def initial_scores(profile: dict) -> dict[str, float]:
@@ -76,11 +72,12 @@ def initial_scores(profile: dict) -> dict[str, float]:
     return scores
 
 
-def visible_reply(text: str) -> str:
+def visible_reply(text: str, lang: str = "en") -> str:
     """What the sales agent hears of a customer turn: its ``reply`` when the JSON is well formed on its own (every
-    check of :func:`protocol.parse_customer_turn` that needs no dialogue state), else :data:`FALLBACK_REPLY`."""
+    check of :func:`protocol.parse_customer_turn` that needs no dialogue state), else the fallback reply in
+    ``lang``."""
     turn = protocol.parse_customer_turn(text)
-    return FALLBACK_REPLY if turn.error else turn.reply
+    return phrase("fallback_reply", lang) if turn.error else turn.reply
 
 
 @dataclass
@@ -151,13 +148,14 @@ class TeleSalesEnv:
         """How ``speaker``'s turn is shown to the other role (module doc). A malformed sales turn is shown as
         written (the call ends right after it); a malformed customer turn as :func:`visible_reply` shows it."""
         if speaker == "customer":
-            return visible_reply(text)
+            return visible_reply(text, self.lang)
         if speaker != "sales":
             raise ValueError(f"unknown role {speaker!r}; roles are {list(self.roles)}")
         turn = protocol.parse_sales_turn(text)
         if turn.error:
             return text
-        notes = [TOOL_NOTES[t.name].format(**t.args) for t in turn.tools] + ([END_NOTE] if turn.end else [])
+        notes = [phrase(f"note:{t.name}", self.lang, **t.args) for t in turn.tools]
+        notes += [phrase("note:end", self.lang)] if turn.end else []
         return " ".join([turn.utterance, *notes]).strip()
 
     def new_state(self, scenario: dict, seats: Sequence[str] | None = None) -> TeleSalesState:
@@ -206,7 +204,7 @@ class TeleSalesEnv:
             state.fault_role = role
             self._end(state, MALFORMED)
             return
-        reply = visible_reply(state.rejected or "")
+        reply = visible_reply(state.rejected or "", self.lang)
         text = protocol.format_customer_turn(FALLBACK_BEHAVIOR, state.stage, reply, state.scores)
         state.fallbacks += 1
         self._apply_customer(state, protocol.parse_customer_turn(text), text)

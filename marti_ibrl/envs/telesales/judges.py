@@ -43,9 +43,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from marti_ibrl.envs.telesales.env import SUCCESS, TeleSalesEnv, TeleSalesState
+from marti_ibrl.envs.telesales.env import TeleSalesEnv, TeleSalesState
 from marti_ibrl.envs.telesales.profiles import flat_fields, sales_view
-from marti_ibrl.envs.telesales.prompts import DEFAULT_SERVICE, format_dialogue, load_template, render
+from marti_ibrl.envs.telesales.prompts import (
+    PHRASES,
+    default_service,
+    format_dialogue,
+    load_template,
+    phrase,
+    render,
+)
 from marti_ibrl.llm import AsyncChatClient, ChatFailure
 from marti_ibrl.rewards import RewardFn, RewardUnavailable
 
@@ -54,14 +61,12 @@ logger = logging.getLogger(__name__)
 GAMMA, LAM_TURN, LAM_EPISODE = 0.9, 0.2, 0.8
 """§5.1: γ, λ_turn, λ_episode."""
 MAX_SCORE = 10
-ENDINGS = {
-    SUCCESS: "success: the customer confirmed that the business WeChat contact was added",
-    "hang_up": "the customer hung up",
-    "sales_end": "the agent ended the call",
-    "turn_limit": "the turn limit was reached without a decision",
-    "malformed": "the call was cut after a malformed agent turn",
-}
-_VIEW = TeleSalesEnv()  # only its stateless counterpart_text: what each role heard
+
+
+def ending(reason: str, lang: str = "en") -> str:
+    """How the call ended, for the judge prompt (``prompts.PHRASES``)."""
+    key = f"ending:{reason}"
+    return phrase(key, lang) if key in PHRASES["en"] else phrase("ending:other", lang, reason=reason)
 
 
 def discounted_turn_score(turn_scores: Sequence[float], gamma: float = GAMMA) -> float:
@@ -200,6 +205,7 @@ class Judge:
         self.sampling = dict(sampling) if sampling is not None else {"temperature": 0.0}
         self.gamma, self.lam_turn, self.lam_episode = gamma, lam_turn, lam_episode
         load_template(self.template, lang)  # fail early on an unknown language
+        self.view = TeleSalesEnv(lang=lang)  # only its stateless counterpart_text: what each role heard
         self.stats: dict[str, int] = {"scored": 0, "failures": 0}
 
     # -- role-specific -------------------------------------------------------------------------------------------
@@ -218,12 +224,11 @@ class Judge:
     # -- shared --------------------------------------------------------------------------------------------------
     def messages(self, traj: Any) -> list[dict[str, str]]:
         state = _finished_state(traj)
-        fields = {**self.fields(traj, state), "ending": ENDINGS.get(state.reason, f"the call stopped ({state.reason})")}
+        fields = {**self.fields(traj, state), "ending": ending(state.reason, self.lang)}
         fields["turns_to_score"] = _listing(self.turns(traj))
-        system = "You are a careful evaluator. Reply with one JSON object only."
         return [
-            {"role": "system", "content": system},
-            {"role": "user", "content": render(load_template(self.template, self.lang), fields)},
+            {"role": "system", "content": phrase("judge_system", self.lang)},
+            {"role": "user", "content": render(load_template(self.template, self.lang), fields, self.lang)},
         ]
 
     def turns(self, traj: Any) -> list[int]:
@@ -317,11 +322,11 @@ class SalesJudge(Judge):
         if not 0.0 <= success_weight <= 1.0:
             raise ValueError(f"success_weight must be in [0, 1], got {success_weight}")
         self.success_weight, self.malformed_penalty = success_weight, malformed_penalty
-        self.service = {**DEFAULT_SERVICE, **(service or {})}
+        self.service = {**default_service(self.lang), **(service or {})}
 
     def fields(self, traj: Any, state: TeleSalesState) -> dict[str, Any]:
         lines = [
-            ("agent" if t.role == "sales" else "customer", _VIEW.counterpart_text(t.role, t.text, None))
+            ("agent" if t.role == "sales" else "customer", self.view.counterpart_text(t.role, t.text, None))
             for t in traj.turns
         ]
         return {"lead_info": sales_view(state.profile), "service": self.service, "dialogue": format_dialogue(lines)}
@@ -343,13 +348,12 @@ class CustomerJudge(Judge):
 
     role, template, episode_key = "customer", "judge_customer", "realism"
     criteria = ("realism", "rationality", "score_plausibility")
-    MALFORMED_NOTE = "[malformed record; the environment replaced it with a neutral fallback] "
 
     def fields(self, traj: Any, state: TeleSalesState) -> dict[str, Any]:
         lines = [
-            ("agent", _VIEW.counterpart_text("sales", t.text, None))
+            ("agent", self.view.counterpart_text("sales", t.text, None))
             if t.role == "sales"
-            else ("customer", t.text if t.valid else self.MALFORMED_NOTE + t.text)
+            else ("customer", t.text if t.valid else phrase("malformed_record", self.lang) + t.text)
             for t in traj.turns
         ]
         return {
