@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--reference", default=None, help="reference policy of the GEE comparisons (default: first)")
     report.set_defaults(func=_cmd_report)
 
-    telesales = sub.add_parser("telesales", help="Vehicle TeleSales utilities")
+    telesales = sub.add_parser("telesales", help="Vehicle TeleSales utilities: profiles, held-out eval")
     telesales_sub = telesales.add_subparsers(dest="telesales_command", required=True)
     profiles = telesales_sub.add_parser(
         "profiles", help="generate customer profiles as JSON lines (paper Appendix D; training 28, eval 40 attributes)"
@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     profiles.add_argument("--out", default="-", help="output JSONL file, or - for stdout (default)")
     profiles.set_defaults(func=_cmd_telesales_profiles)
 
-    from marti_ibrl.envs.telesales.commands import add_sft_parser
+    from marti_ibrl.envs.telesales.commands import add_sft_parser, add_telesales_eval_parser
+
+    add_telesales_eval_parser(telesales_sub)
 
     add_sft_parser(sub)
     return parser

@@ -1,11 +1,17 @@
-"""``marti-ibrl sft --role sales|customer``: SFT initialisation of a TeleSales role from call transcripts (paper §5.1:
-both roles start from SFT checkpoints; transcript format and training views: :mod:`.transcripts`).
+"""TeleSales commands: ``marti-ibrl sft --role sales|customer`` and ``marti-ibrl telesales eval``.
+
+``marti-ibrl sft``: SFT initialisation of a TeleSales role from call transcripts (paper §5.1: both roles start from SFT
+checkpoints; transcript format and training views: :mod:`.transcripts`).
 
 Validates the transcripts, converts them to the role's view (Tables 15/16 system prompts, what the role hears),
 writes ``OUT/sft_data.jsonl`` and fine-tunes ``--pretrain`` with OpenRLHF's own SFT trainer
 (:func:`marti_ibrl.sft.run_sft`); the checkpoint (HF model + tokenizer) is ``OUT`` itself, its log ``OUT/sft.log``.
 Input errors (role, files, transcripts, hyperparameters, records that cannot fill one optimizer step) exit 2 with
 one line before any training; a failed training run exits 1 with the log's tail.
+
+``marti-ibrl telesales eval``: the held-out evaluation (paper §5.2, Appendix D; :mod:`marti_ibrl.eval.telesales`),
+see :data:`EVAL_USAGE`. Bad input (files, specs, an unset API-key variable, counts < 1, an output directory played
+with another simulator) exits 2 with one line before any request, engine or Ray start.
 """
 
 from __future__ import annotations
@@ -127,7 +133,7 @@ def add_sft_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "sft",
         help="SFT a TeleSales role on call transcripts with OpenRLHF's SFT trainer (paper §5.1)",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        description=" ".join(__doc__.split("\n\n")[1:3]).replace("\n", " "),
     )
     p.add_argument("--role", required=True, help="sales | customer")
     p.add_argument("--transcripts", required=True, metavar="FILE.jsonl",
@@ -146,4 +152,229 @@ def add_sft_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--lenient", action="store_true", help="skip bad calls (each reported, then counted) instead of failing"
     )
     p.set_defaults(func=cmd_sft)
+    return p
+
+
+# ---- marti-ibrl telesales eval ----
+EVAL_PROG = "marti-ibrl telesales eval"
+EVAL_USAGE = """\
+    marti-ibrl telesales eval --policy ibrl=checkpoint:runs/ibrl/sales/hf --policy uni=runs/uni/sales/hf \\
+        --policy gpt=endpoint:gpt-5.5@https://api.example.com/v1#OPENAI_API_KEY \\
+        --simulator gpt-5.5@https://api.example.com/v1#OPENAI_API_KEY \\
+        --profiles eval_profiles.jsonl --samples 3 --concurrency 16 --out runs/telesales_eval
+
+A policy is [NAME=]checkpoint:PATH (or a bare PATH: served by rollout engines, Table 15 format) or
+[NAME=]endpoint:MODEL@URL[#KEY_ENV] (the prompted Table 10 baseline). Without --profiles, -n N evaluation profiles
+are generated with --seed (default 500, seed 0). The story compiler (Table 8) and the auditor (Table 12) default to
+the simulator's endpoint; stories are cached in --stories (default OUT/stories/LANG). Episodes go to
+OUT/episodes/NAME.jsonl (a rerun resumes); OUT/results.md, OUT/summary.json and OUT/success_at_n.png at the end."""
+
+
+class _LazyEngines:
+    """Rollout engines for checkpoints, Ray started on the first checkpoint that has calls left to play."""
+
+    def __init__(self, args: argparse.Namespace, n_checkpoints: int) -> None:
+        self.args, self.n, self._engines = args, n_checkpoints, None
+
+    def start(self, path: str) -> list:
+        if self._engines is None:
+            from marti_ibrl.eval.command import _engine_factory
+
+            self._engines = _engine_factory(self.args, self.n)
+        return self._engines.start(path)
+
+    def stop(self, engines: list) -> None:
+        if self._engines is not None:
+            self._engines.stop(engines)
+
+
+def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything the evaluation needs, checked before any work; ``ValueError`` / ``OSError`` on bad input."""
+    from pathlib import Path
+
+    from marti_ibrl.envs.telesales.eval_agents import (
+        Auditor,
+        PromptedSalesAgent,
+        UserSimulator,
+        endpoint_client,
+        parse_endpoint,
+    )
+    from marti_ibrl.envs.telesales.profiles import generate_profiles, read_jsonl
+    from marti_ibrl.envs.telesales.prompts import EVAL_TEMPLATES, load_template
+    from marti_ibrl.eval.runner import parse_named
+    from marti_ibrl.eval.telesales import EPISODES, read_episodes
+    from marti_ibrl.rollout.players import parse_player_spec
+
+    counts = {"--samples": args.samples, "--concurrency": args.concurrency, "-n": args.n, "--batch": args.batch}
+    counts["--max-turns"] = args.max_turns
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1 (got {value})")
+    if args.max_retries < 0 or not args.timeout > 0 or args.backoff < 0:
+        raise ValueError("--max-retries and --backoff must be >= 0 and --timeout > 0")
+    for template in (*EVAL_TEMPLATES, "sales"):
+        load_template(template, args.lang)
+
+    if args.profiles:
+        if not os.path.isfile(args.profiles):
+            raise ValueError(f"profiles file not found: {args.profiles}")
+        profiles = read_jsonl(args.profiles, "eval")[: args.n]
+        source = f"{args.profiles} ({len(profiles)} profiles)"
+    else:
+        n = args.n or 500
+        profiles = generate_profiles(n, args.seed, "eval")
+        source = f"generated: {n} evaluation profiles, seed {args.seed}"
+
+    retry = {"max_retries": args.max_retries, "timeout": args.timeout, "backoff": args.backoff}
+    clients: dict[tuple, Any] = {}
+
+    def client(spec: dict[str, Any]) -> Any:
+        key = (spec["base_url"], spec["model"], spec.get("api_key_env"))
+        if key not in clients:
+            clients[key] = endpoint_client(spec, args.concurrency, **retry)
+        return clients[key]
+
+    simulator_spec = parse_endpoint(args.simulator)
+    simulator = UserSimulator(client(simulator_spec), {"temperature": args.simulator_temperature})
+    compiler = client(parse_endpoint(args.compiler) if args.compiler else simulator_spec)
+    auditor = None if args.no_audit else Auditor(client(parse_endpoint(args.auditor or args.simulator)), args.lang)
+
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
+    policies: dict[str, Any] = {}
+    for text in args.policy:
+        named = parse_named(text)
+        spec_text = named.spec if ":" in named.spec.split("/")[0] else f"checkpoint:{named.spec}"
+        spec = parse_player_spec(spec_text)
+        if named.name in policies:
+            raise ValueError(f"--policy names must be unique: {named.name!r} twice (use NAME=SPEC)")
+        if spec["kind"] == "checkpoint":
+            if not os.path.isfile(os.path.join(spec["path"], "config.json")):
+                raise ValueError(f"--policy {text}: not a Hugging Face checkpoint directory (no config.json)")
+            policies[named.name] = spec["path"]
+        elif spec["kind"] == "endpoint":
+            policies[named.name] = PromptedSalesAgent(client(spec), named.name, sampling)
+        else:
+            raise ValueError(f"--policy {text}: expected checkpoint:PATH, a checkpoint directory, or "
+                             "endpoint:MODEL@URL[#KEY_ENV]")  # fmt: skip
+
+    out = Path(args.out)
+    for name in policies:
+        path = out / EPISODES / f"{name}.jsonl"
+        others = sorted({r.get("simulator") for r in read_episodes(path)} - {simulator.name})
+        if others:
+            raise ValueError(f"{path} was played with {', '.join(map(str, others))}, not {simulator.name}: "
+                             "use another --out")  # fmt: skip
+    meta = {
+        "profiles": source,
+        "samples per profile": args.samples,
+        "simulator": simulator.name,
+        "story compiler": compiler.model,
+        "auditor": auditor.client.model if auditor else "none (--no-audit)",
+        "language": args.lang,
+    }
+    return {
+        "profiles": profiles,
+        "simulator": simulator,
+        "compiler": compiler,
+        "auditor": auditor,
+        "policies": policies,
+        "sampling": sampling,
+        "clients": list(clients.values()),
+        "out": out,
+        "meta": meta,
+    }
+
+
+def cmd_telesales_eval(args: argparse.Namespace) -> int:
+    try:
+        plan = _eval_plan(args)
+    except (ValueError, OSError) as e:
+        print(f"{EVAL_PROG}: error: {e}", file=sys.stderr)
+        return 2
+    from marti_ibrl.envs.telesales.simulator import StoryCache
+    from marti_ibrl.eval.telesales import EPISODES, TeleSalesEvaluator, current_records, write_results
+
+    out = plan["out"]
+    checkpoints = [p for p in plan["policies"].values() if isinstance(p, str)]
+    ev = TeleSalesEvaluator(
+        plan["profiles"],
+        StoryCache(args.stories or out / "stories" / args.lang, args.lang),
+        plan["compiler"],
+        plan["simulator"],
+        plan["auditor"],
+        samples=args.samples,
+        concurrency=args.concurrency,
+        batch=args.batch,
+        seed=args.seed,
+        lang=args.lang,
+        max_turns=args.max_turns,
+        sampling=plan["sampling"],
+        compiler_sampling={"temperature": args.simulator_temperature},
+        max_len=args.max_len,
+        engines=_LazyEngines(args, len(checkpoints)) if checkpoints else None,
+        retry_failed=args.retry_failed,
+    )
+    runs = {}
+    try:
+        for name, sales in plan["policies"].items():
+            records = ev.run_policy(name, sales, out / EPISODES / f"{name}.jsonl")
+            runs[name] = current_records(records, plan["profiles"], args.samples)
+    finally:
+        for c in plan["clients"]:
+            c.close()
+    print(write_results(out, runs, plan["meta"]))
+    return 0
+
+
+def add_telesales_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Wire ``eval`` into ``marti-ibrl telesales`` (handler in ``args.func``)."""
+    p = subparsers.add_parser(
+        "eval",
+        help="held-out evaluation: policies vs. the user simulator, Success@n, hallucination (paper §5.2)",
+        description=EVAL_USAGE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--policy",
+        action="append",
+        required=True,
+        metavar="[NAME=]SPEC",
+        help="checkpoint:PATH, a checkpoint directory, or endpoint:MODEL@URL[#KEY_ENV]; repeatable",
+    )
+    p.add_argument("--simulator", required=True, metavar="MODEL@URL[#KEY_ENV]", help="the user simulator (Table 9)")
+    p.add_argument("--compiler", metavar="MODEL@URL[#KEY_ENV]", help="story compiler (Table 8; default: simulator)")
+    p.add_argument("--auditor", metavar="MODEL@URL[#KEY_ENV]", help="post-call auditor (Table 12; default: simulator)")
+    p.add_argument("--no-audit", action="store_true", help="skip the Table 12 audit (no hallucination rate)")
+    p.add_argument("--profiles", metavar="FILE.jsonl", help="evaluation profiles (marti-ibrl telesales profiles)")
+    p.add_argument("-n", type=int, default=None, help="number of profiles (default: all of --profiles, else 500)")
+    p.add_argument("--seed", type=int, default=0, help="profile generator seed without --profiles; sampling seed")
+    p.add_argument("--samples", type=int, default=3, help="independent calls per profile (default: 3)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--stories", metavar="DIR", help="story cache directory (default: OUT/stories/LANG)")
+    p.add_argument("--concurrency", type=int, default=16, help="calls in play and requests per endpoint (default 16)")
+    p.add_argument("--batch", type=int, default=None, help="calls per written batch (default: 4 x --concurrency)")
+    p.add_argument("--lang", default="en", help="prompt language (default: en)")
+    p.add_argument(
+        "--max-turns",
+        type=int,
+        default=None,
+        help="turns per call, both roles counted (default: 2 x the profile's case_control.max_turns)",
+    )
+    p.add_argument("--temperature", type=float, default=1.0, help="policy sampling (default: 1.0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="policy sampling (default: 1.0)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="policy tokens per turn (default: 256)")
+    p.add_argument("--max-len", type=int, default=4096, help="a checkpoint's context (default: 4096)")
+    p.add_argument(
+        "--simulator-temperature",
+        type=float,
+        default=0.7,
+        help="simulator and story-compiler sampling (default: 0.7; the auditor uses 0)",
+    )
+    p.add_argument("--max-retries", type=int, default=4, help="retries per request (default: 4)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default: 120)")
+    p.add_argument("--backoff", type=float, default=1.0, help="base of the exponential retry backoff (default: 1 s)")
+    p.add_argument("--num-engines", type=int, default=1, help="rollout engines per checkpoint (default: 1)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--retry-failed", action="store_true", help="play failed episodes again on a rerun")
+    p.set_defaults(func=cmd_telesales_eval)  # fmt: skip
     return p
