@@ -175,7 +175,7 @@ class TeleSalesEnv:
 
     def step(self, state: TeleSalesState, role: str, text: str) -> TurnResult:
         """Apply one turn; an invalid one changes nothing but ``state.rejected`` (the fallback's reply source)."""
-        _check_turn(state, role)
+        check_turn(state, role)
         if role == "customer":
             agreed, sent = state.wechat_agreed, bool(state.tool_calls)
             turn = protocol.parse_customer_turn(text, state.scores, wechat_agreed=agreed, contact_sent=sent)
@@ -187,9 +187,9 @@ class TeleSalesEnv:
         sales = protocol.parse_sales_turn(text)
         if sales.error:
             return TurnResult(valid=False, done=False, reason=f"malformed: {sales.error}")
-        again = [t.name for t in sales.tools if t.name in {c.name for _, c in state.tool_calls}]
+        again = protocol.reused_tool(sales, (c for _, c in state.tool_calls))
         if again:
-            return TurnResult(valid=False, done=False, reason=f"{again[0]} was already used in this call")
+            return TurnResult(valid=False, done=False, reason=f"{again} was already used in this call")
         state.tool_calls += [(state.n_turns, t) for t in sales.tools]
         self._record(state, role, text, SALES_END if sales.end else None)
         return TurnResult(valid=True, done=state.done, reason=state.reason)
@@ -198,7 +198,7 @@ class TeleSalesEnv:
         """``role``'s turn stayed invalid after the re-samples (the runner has already appended the last attempt to
         both views). Sales: the call ends as malformed. Customer: the fallback turn (module doc) is applied, counted
         in ``state.fallbacks``, and the call goes on unless that reaches ``max_turns``."""
-        _check_turn(state, role)
+        check_turn(state, role)
         if role == "sales":
             state.malformed = True
             state.fault_role = role
@@ -271,7 +271,8 @@ class TeleSalesEnv:
         state.reason = reason
 
 
-def _check_turn(state: TeleSalesState, role: str) -> None:
+def check_turn(state: Any, role: str) -> None:
+    """Refuse a turn after the end of the call or out of order (``state``: ``done`` and ``next_role``)."""
     if state.done:
         raise ValueError("the call is already over")
     if role != state.next_role:

@@ -47,10 +47,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marti_ibrl.envs.base import Outcome, TurnResult
-from marti_ibrl.envs.telesales.env import TeleSalesEnv
+from marti_ibrl.envs.telesales.env import TeleSalesEnv, check_turn
 from marti_ibrl.envs.telesales.profiles import TRAIN_ALIASES, TRAIN_GROUPS, sales_view
 from marti_ibrl.envs.telesales.prompts import sales_eval_prompt, sales_prompt
-from marti_ibrl.envs.telesales.protocol import ToolCall, parse_sales_turn
+from marti_ibrl.envs.telesales.protocol import ToolCall, parse_sales_turn, reused_tool
 from marti_ibrl.envs.telesales.simulator import (
     SCORES,
     SUCCESS_ACTION,
@@ -198,10 +198,9 @@ class TeleSalesEvalEnv:
             parsed, action = parse_sales_turn(raw), None
             if parsed.error:
                 raise ValueError(f"sales turn: {parsed.error}")
-        used = {c.name for _, c in state.tool_calls}
-        again = [t.name for t in parsed.tools if t.name in used]
+        again = reused_tool(parsed, (c for _, c in state.tool_calls))
         if again:
-            raise ValueError(f"sales turn: {again[0]} was already used in this call (each tool at most once)")
+            raise ValueError(f"sales turn: {again} was already used in this call (each tool at most once)")
         return parsed, action
 
     def check_customer(self, state: EvalCallState, raw: str | Mapping[str, Any]) -> SimulatorTurn:
@@ -226,7 +225,7 @@ class TeleSalesEvalEnv:
 
     def step(self, state: EvalCallState, role: str, text: str) -> TurnResult:
         """Apply one turn; an invalid one changes nothing."""
-        _check_turn(state, role)
+        check_turn(state, role)
         if role == "customer":
             try:
                 turn = self.check_customer(state, text)
@@ -254,7 +253,7 @@ class TeleSalesEvalEnv:
     def finish_malformed(self, state: EvalCallState, role: str) -> None:
         """``role``'s turn stayed invalid after the runner's re-samples: the sales agent's fault ends the call as
         malformed; an invalid simulator turn (its player validates first, so this is unexpected) as a failure."""
-        _check_turn(state, role)
+        check_turn(state, role)
         if role == "sales":
             state.malformed = True
             self._end(state, MALFORMED)
@@ -316,13 +315,6 @@ class TeleSalesEvalEnv:
     @staticmethod
     def _end(state: EvalCallState, reason: str) -> None:
         state.done, state.reason, state.success = True, reason, reason == SUCCESS
-
-
-def _check_turn(state: EvalCallState, role: str) -> None:
-    if state.done:
-        raise ValueError("the call is already over")
-    if role != state.next_role:
-        raise ValueError(f"it is {state.next_role!r}'s turn, not {role!r}'s")
 
 
 def simulator_turn_json(turn: SimulatorTurn) -> str:

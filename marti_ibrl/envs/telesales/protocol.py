@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 TOOL_ARGS = {"add_business_contact": ("phone_number",), "send_contact_invitation": ()}
@@ -111,6 +112,12 @@ def parse_sales_turn(text: str) -> SalesTurn:
     if not utterance and not tools and not end:
         return SalesTurn(error="empty turn")
     return SalesTurn(utterance=utterance, tools=tuple(tools), end=end)
+
+
+def reused_tool(turn: SalesTurn, earlier: Iterable[ToolCall]) -> str | None:
+    """The first tool of ``turn`` already called earlier in the call (each tool at most once per call), or None."""
+    used = {c.name for c in earlier}
+    return next((t.name for t in turn.tools if t.name in used), None)
 
 
 def _load_object(text: str) -> dict | str:
