@@ -1,4 +1,4 @@
-"""``marti-ibrl``: train | eval | diagnose | report | dond sample / check-data | patch | demo | telesales profiles | sft.
+"""``marti-ibrl``: train | plan | eval | diagnose | report | dond sample / check-data | patch | demo | telesales profiles | sft.
 
 ``main(argv)`` parses; ``train`` hands a validated :class:`~marti_ibrl.config.Config` to
 :func:`marti_ibrl.trainer.train`. Heavy imports (torch, Ray, OpenRLHF) happen only in the command
@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--iterations", type=int, default=None, help="IB-RL iterations (default: the recipe's)")
     demo.set_defaults(func=_cmd_demo)
 
+    from marti_ibrl.plan import add_plan_parser
+
+    add_plan_parser(sub)
+
     from marti_ibrl.eval.command import add_eval_parser
 
     add_eval_parser(sub)
@@ -140,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if args.command == "train":
+    if args.command in ("train", "plan"):
         args.flags = rest  # dotted flags are the config's business (marti_ibrl.config.load_config)
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

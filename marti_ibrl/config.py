@@ -268,8 +268,34 @@ def _flags_to_dotlist(argv: list[str]) -> list[tuple[str, str, str]]:
     return out
 
 
-def load_config(argv: list[str]) -> Config:
-    """Parse ``[--config FILE.yaml] --section.key value ...`` into a validated :class:`Config`."""
+class Existence:
+    """How :func:`validate` checks what exists only where ``train`` runs (checkpoint directories, data files, API-key
+    variables): strictly (``assumed=None``), or, for a dry run elsewhere (``marti-ibrl plan``), by assuming them and
+    recording each missing one in ``assumed``."""
+
+    def __init__(self, assumed: list[str] | None = None):
+        self.assumed = assumed
+
+    def dir(self, path: str) -> bool:
+        return self._seen(Path(path).is_dir(), str(path))
+
+    def file(self, path: str) -> bool:
+        return self._seen(Path(path).is_file(), str(path))
+
+    def env(self, name: str) -> bool:
+        return self._seen(name in os.environ, f"${name}")
+
+    def _seen(self, ok: bool, what: str) -> bool:
+        if ok or self.assumed is None:
+            return ok
+        if what not in self.assumed:
+            self.assumed.append(what)
+        return True
+
+
+def load_config(argv: list[str], assumed: list[str] | None = None) -> Config:
+    """Parse ``[--config FILE.yaml] --section.key value ...`` into a validated :class:`Config`. ``assumed``: a
+    list to run the existence checks leniently (:class:`Existence`)."""
     argv = list(argv)
     config_file = None
     if "--config" in argv:
@@ -322,7 +348,7 @@ def load_config(argv: list[str]) -> Config:
         cfg: Config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(f"missing value: --{_flag_name(e.full_key)} ({_first_line(e)})") from None
-    validate(cfg)
+    validate(cfg, Existence(assumed))
     return cfg
 
 
@@ -336,8 +362,10 @@ def _flag_name(key: str | None) -> str:
     return f"role{int(m.group(1)) + 1}.{m.group(2)}" if m else str(key)
 
 
-def validate(cfg: Config) -> None:
-    """Cross-field checks; each error names its flag and says why."""
+def validate(cfg: Config, exists: Existence | None = None) -> None:
+    """Cross-field checks; each error names its flag and says why. ``exists`` checks paths and variables
+    (default: strictly)."""
+    exists = exists or Existence()
 
     def need(ok: bool, flag: str, why: str) -> None:
         if not ok:
@@ -348,7 +376,7 @@ def validate(cfg: Config) -> None:
     need(cfg.env.prompt_style in ("paper", "compact"), "env.prompt_style", "must be paper or compact")
     need(cfg.env.bot_speech in ("natural", "markers"), "env.bot_speech", "must be natural or markers")
     need(not cfg.env.show_complement or cfg.env.name == "dond", "env.show_complement", "is for the two-party dond")
-    need(cfg.env.data is None or Path(cfg.env.data).is_file(), "env.data", f"no such file {cfg.env.data}")
+    need(cfg.env.data is None or exists.file(cfg.env.data), "env.data", f"no such file {cfg.env.data}")
     if cfg.env.name == "telesales":
         from marti_ibrl.envs.telesales.prompts import languages
 
@@ -387,7 +415,7 @@ def validate(cfg: Config) -> None:
                 f"{spec}: held-out counterparts are for evaluation only; training against them would leak them",
             )
             if parsed["kind"] == "checkpoint":
-                need(Path(parsed["path"]).is_dir(), f"{p}.frozen", f"not a directory: {parsed['path']}")
+                need(exists.dir(parsed["path"]), f"{p}.frozen", f"not a directory: {parsed['path']}")
             if parsed["kind"] == "bot":  # else the typo surfaces only after Ray and the engines started
                 from marti_ibrl.envs.dond.bots import TRAINING_BOTS
 
@@ -398,12 +426,12 @@ def validate(cfg: Config) -> None:
                     f"unknown scripted bot {parsed['name']!r}; known bots: {sorted(TRAINING_BOTS)}",
                 )
             key_env = parsed.get("api_key_env")
-            need(not key_env or key_env in os.environ, f"{p}.frozen", f"environment variable {key_env} is not set")
-        _validate_reward(cfg, role, p)
+            need(not key_env or exists.env(key_env), f"{p}.frozen", f"environment variable {key_env} is not set")
+        _validate_reward(cfg, role, p, exists)
         if role.frozen:
             continue
         need(bool(role.pretrain), f"{p}.pretrain", f"a checkpoint path is required (or --{p}.frozen for a baseline)")
-        need(Path(role.pretrain).is_dir(), f"{p}.pretrain", f"not a directory: {role.pretrain}")
+        need(exists.dir(role.pretrain), f"{p}.pretrain", f"not a directory: {role.pretrain}")
         need(role.lr > 0, f"{p}.lr", "must be > 0")
         need(role.update_every >= 1, f"{p}.update_every", "must be >= 1")
         need(role.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
@@ -440,7 +468,7 @@ def validate(cfg: Config) -> None:
     )
 
 
-def _validate_reward(cfg: Config, role: RoleConfig, flag: str) -> None:
+def _validate_reward(cfg: Config, role: RoleConfig, flag: str, exists: Existence) -> None:
     """``rule``, ``judge`` (an env with judges, and an endpoint to reach them) or an importable ``module:function``."""
     from marti_ibrl.rewards import JUDGE, JUDGED_ENVS, RULE, load_reward_fn, reward_spec
 
@@ -461,7 +489,7 @@ def _validate_reward(cfg: Config, role: RoleConfig, flag: str) -> None:
             )
         if not str(judge.base_url).startswith(("http://", "https://")):
             raise ConfigError(f"--judge.base_url: must start with http:// or https://, got {judge.base_url!r}")
-        if judge.api_key_env and judge.api_key_env not in os.environ:
+        if judge.api_key_env and not exists.env(judge.api_key_env):
             raise ConfigError(f"--judge.api_key_env: environment variable {judge.api_key_env} is not set")
         if judge.max_concurrency < 1 or judge.max_retries < 0 or judge.timeout <= 0:
             raise ConfigError("--judge.max_concurrency: need max_concurrency >= 1, max_retries >= 0 and timeout > 0")

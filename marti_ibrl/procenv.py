@@ -17,3 +17,11 @@ def torch_extensions_dir() -> str:
 
 def child_env_vars() -> dict[str, str]:
     return {"TORCH_EXTENSIONS_DIR": torch_extensions_dir(), "TOKENIZERS_PARALLELISM": "false"}
+
+
+SHARE_ONE_GPU_ENV = "MARTI_IBRL_SHARE_ONE_GPU"
+"""``1``: every device slot of a local Ray is the one visible GPU (benchmarks/gpu_smoke.sh on a single-GPU machine)."""
+
+
+def share_one_gpu() -> bool:
+    return os.environ.get(SHARE_ONE_GPU_ENV) == "1"

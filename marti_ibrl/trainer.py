@@ -27,16 +27,10 @@ from marti_ibrl.algorithm import ablations
 from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key
 from marti_ibrl.algorithm.pool import BOTH, OpponentPool, Snapshot, configurations, sample_configuration
 from marti_ibrl.algorithm.schedule import roles_due
-from marti_ibrl.backend.openrlhf_glue import (
-    RoleStack,
-    frozen_checkpoints,
-    init_ray,
-    resolve_device,
-    start_engines,
-    uses_pool,
-)
+from marti_ibrl.backend.openrlhf_glue import RoleStack, init_ray, resolve_device, start_engines
 from marti_ibrl.config import Config, RoleConfig, to_yaml
 from marti_ibrl.envs import make_env
+from marti_ibrl.placement import frozen_checkpoints, uses_pool
 from marti_ibrl.rewards import RoleRewards
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.render import role_experience

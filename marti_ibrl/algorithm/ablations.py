@@ -15,8 +15,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-import torch
-
 from marti_ibrl.config import Config
 from marti_ibrl.rollout.dialogue import Trajectory
 
@@ -58,6 +56,7 @@ def joint_normalized_advantages(
     The same arithmetic as Eq. 4 (OpenRLHF's ``grouped_reward_baseline``, group_norm), with the group
     keyed by scenario only, so both roles' rewards share one baseline and one scale.
     """
+    import torch  # here, not at the top: resolve() is used by torch-free code (marti_ibrl.placement)
     from openrlhf.trainer.ppo_utils.experience_maker import grouped_reward_baseline
 
     rewards = torch.tensor([r for _, _, r in samples], dtype=torch.float64)

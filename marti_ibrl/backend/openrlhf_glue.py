@@ -10,6 +10,7 @@ logical "GPU" slots standing for devices) and on GPUs (NCCL, vLLM).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +26,8 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.algorithm.schedule import num_updates
 from marti_ibrl.config import Config, RoleConfig
-from marti_ibrl.procenv import child_env_vars
+from marti_ibrl.placement import device_slots, has_reference, uses_pool
+from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, child_env_vars, share_one_gpu
 from marti_ibrl.rollout.engines import create_engines, params_digest
 
 
@@ -222,6 +224,9 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     a.vllm.tensor_parallel_size = role.tensor_parallel_size
     a.vllm.gpu_memory_utilization = role.gpu_memory_utilization
     a.vllm.sync_backend = "nccl" if device == "cuda" else "object_store"
+    if device == "cuda" and share_one_gpu():  # every slot is the one GPU: no NCCL group can span it twice
+        a.local_rank = 0
+        a.vllm.sync_backend = "object_store"
     a.vllm.sync_group_name = f"ibrl_{role.name}"  # patch 0004: roles never share a sync group
     a.logger.tensorboard_dir = cfg.logger.tensorboard_dir or str(Path(cfg.ckpt.path) / "tensorboard")
     a.logger.wandb.project = cfg.logger.wandb_project
@@ -229,46 +234,22 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     return a
 
 
-def trained_roles(cfg: Config) -> list[RoleConfig]:
-    return [r for r in cfg.roles if not r.frozen]
-
-
-def uses_pool(cfg: Config) -> bool:
-    """Opponent pools need two trained roles and some probability of facing history (Eq. 6)."""
-    return len(trained_roles(cfg)) >= 2 and cfg.pool.probs[0] < 1.0
-
-
-def frozen_checkpoints(role: RoleConfig) -> list[str]:
-    from marti_ibrl.rollout.players import parse_player_spec
-
-    return [s["path"] for s in map(parse_player_spec, role.frozen) if s["kind"] == "checkpoint"]
-
-
-def device_slots(cfg: Config) -> int:
-    """Device slots ("GPU" resources) the job needs: per trained role its actor + reference ranks, rollout
-    engines and pool engines; per frozen checkpoint counterpart its engines."""
-    total = 0
-    for role in cfg.roles:
-        engine_gpus = role.num_engines * role.tensor_parallel_size
-        if role.frozen:
-            total += len(frozen_checkpoints(role)) * engine_gpus
-            continue
-        ranks = role.num_nodes * role.num_gpus_per_node
-        total += ranks * (2 if role.kl_coef > 0 else 1) + engine_gpus
-        if uses_pool(cfg):
-            total += cfg.pool.num_engines * role.tensor_parallel_size
-    return total
-
-
 def init_ray(cfg: Config, device: str) -> None:
-    """Connect to a cluster (``ray.address``) or start a local Ray with the job's device slots."""
+    """Connect to a cluster (``ray.address``) or start a local Ray with the job's device slots
+    (:func:`marti_ibrl.placement.device_slots`, the placement ``marti-ibrl plan`` prints)."""
     start_ray(device_slots(cfg), device, cfg.ray.address, cfg.ray.num_cpus, cfg.ray.log_to_driver)
 
 
 def start_ray(
     slots: int, device: str, address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True
 ) -> None:
-    """Connect to ``address`` or start a local Ray; on CPU, declare one logical device per slot."""
+    """Connect to ``address`` or start a local Ray; on CPU, declare one logical device per slot.
+
+    On a cluster the job's GPUs are checked first: OpenRLHF's placement groups would otherwise wait forever for
+    GPUs that are not there. With ``MARTI_IBRL_SHARE_ONE_GPU=1`` (benchmarks/gpu_smoke.sh) a local Ray declares
+    one logical GPU per slot and every process uses the one visible GPU (a smoke test of the GPU code path on a
+    single device; real runs give every component GPUs of its own).
+    """
     if ray.is_initialized():
         return
     env_vars = {**child_env_vars(), "NCCL_CUMEM_ENABLE": "0"}
@@ -280,6 +261,13 @@ def start_ray(
                 logging.getLogger(name).setLevel(logging.WARNING)
     if address:
         ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=log_to_driver)
+        have = ray.cluster_resources().get("GPU", 0)
+        if device != "cpu" and have < slots:
+            ray.shutdown()
+            raise RuntimeError(
+                f"--ray.address {address}: the job needs {slots} GPUs (see `marti-ibrl plan` with the same flags), "
+                f"the Ray cluster has {have:g}"
+            )
         return
     kwargs = {"num_cpus": num_cpus}
     if device == "cpu":
@@ -287,7 +275,20 @@ def start_ray(
         # GPU code, unchanged. Processes share the cores, one thread each.
         env_vars["OMP_NUM_THREADS"] = "1"
         kwargs = {"num_cpus": num_cpus or slots + 2, "num_gpus": slots, "logging_level": "ERROR"}
-    ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars}, log_to_driver=log_to_driver, **kwargs)
+    visible = None
+    if device == "cuda" and share_one_gpu():
+        # Ray must neither refuse more logical GPUs than CUDA_VISIBLE_DEVICES lists nor point actors at them:
+        # the raylet starts without it, the processes get it back (and keep it: NOSET).
+        env_vars.update({"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", SHARE_ONE_GPU_ENV: "1"})
+        kwargs = {"num_cpus": num_cpus or slots + 2, "num_gpus": slots}
+        visible = os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        if visible is not None:
+            env_vars["CUDA_VISIBLE_DEVICES"] = visible
+    try:
+        ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars}, log_to_driver=log_to_driver, **kwargs)
+    finally:
+        if visible is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
 
 
 @dataclass
@@ -319,7 +320,7 @@ class RoleStack:
             pool_engines = start_engines(cfg, role, role.pretrain, seed + 500, device, cfg.pool.num_engines)
         actor = RayActorGroup(role.num_nodes, role.num_gpus_per_node, RolePolicyActor, pg=None, num_gpus_per_actor=1)
         ref = None
-        if role.kl_coef > 0:
+        if has_reference(role):
             ref = RayActorGroup(role.num_nodes, role.num_gpus_per_node, ReferenceModelActor, pg=None)
         tokenizer = AutoTokenizer.from_pretrained(role.pretrain)
         maker = IsolatedExperienceMaker(actor, None, None, ref, FixedKLController(0.0), strategy, tokenizer)

@@ -190,6 +190,13 @@ def vllm_engine_class():
     base = RolloutRayActor.__ray_actor_class__
 
     class VLLMRolloutEngine(base):
+        def _configure_device_env(self, backend, bundle_indices, num_gpus):
+            from marti_ibrl.procenv import share_one_gpu
+
+            if share_one_gpu():  # every slot is the one visible GPU: keep CUDA_VISIBLE_DEVICES as inherited
+                return None
+            return super()._configure_device_env(backend, bundle_indices, num_gpus)
+
         async def generate_batch(self, prompts: list[list[int]], sampling: dict, session_ids=None) -> list[dict]:
             from vllm import SamplingParams
 

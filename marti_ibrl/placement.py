@@ -1,0 +1,88 @@
+"""Where a job's processes go: the devices each component of each role asks Ray for. No torch, no Ray.
+
+:func:`placement` is the one list of them: ``train`` sizes its Ray start-up with it (:func:`device_slots`, used by
+``backend/openrlhf_glue.py``) and ``marti-ibrl plan`` prints it, so the two cannot disagree. Per trained role, in
+the order :meth:`RoleStack.start <marti_ibrl.backend.openrlhf_glue.RoleStack.start>` creates them:
+
+* ``engines``: ``roleN.num_engines`` rollout engines of ``roleN.tensor_parallel_size`` GPUs each (current policy);
+* ``pool engines``: ``pool.num_engines`` more of the same size serving the role's historical checkpoints (Eq. 6),
+  only when opponent pools are on (:func:`uses_pool`);
+* ``actor``: ``roleN.num_nodes × roleN.num_gpus_per_node`` DeepSpeed ranks, one GPU each;
+* ``reference``: as many ranks again, holding π_ref of Eq. 5, only when ``roleN.kl_coef > 0`` (:func:`has_reference`).
+
+Per frozen role (unilateral baselines), each ``checkpoint:`` counterpart gets ``roleN.num_engines`` engines of
+``roleN.tensor_parallel_size`` GPUs. Every component has GPUs of its own: nothing is colocated (OpenRLHF creates
+each group's placement group itself; no shared placement group, no vLLM sleep). The trainer resolves ``--ablation``
+first (``no_stabilization`` turns the pools off), so :func:`placement` does too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marti_ibrl.config import Config, RoleConfig
+
+ENGINES, POOL_ENGINES, ACTOR, REFERENCE = "engines", "pool engines", "actor", "reference"
+FROZEN_ENGINES = "frozen engines"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One group of Ray actors of one role: ``count`` processes of ``gpus_each`` GPUs, all loading ``model``."""
+
+    role: str
+    kind: str
+    model: str
+    count: int
+    gpus_each: int
+
+    @property
+    def gpus(self) -> int:
+        return self.count * self.gpus_each
+
+
+def trained_roles(cfg: Config) -> list[RoleConfig]:
+    return [r for r in cfg.roles if not r.frozen]
+
+
+def uses_pool(cfg: Config) -> bool:
+    """Opponent pools need two trained roles and some probability of facing history (Eq. 6)."""
+    return len(trained_roles(cfg)) >= 2 and cfg.pool.probs[0] < 1.0
+
+
+def has_reference(role: RoleConfig) -> bool:
+    """The role keeps a reference model (its initial checkpoint) only when its KL term is on."""
+    return role.kl_coef > 0
+
+
+def frozen_checkpoints(role: RoleConfig) -> list[str]:
+    """Paths of a frozen role's ``checkpoint:`` counterparts (each served by its own engines)."""
+    from marti_ibrl.rollout.players import parse_player_spec
+
+    return [s["path"] for s in map(parse_player_spec, role.frozen) if s["kind"] == "checkpoint"]
+
+
+def placement(cfg: Config) -> list[Component]:
+    """Every component the trainer starts, with its device count (see the module docstring)."""
+    from marti_ibrl.algorithm.ablations import resolve
+
+    cfg, _ = resolve(cfg)
+    out = []
+    for role in cfg.roles:
+        tp = role.tensor_parallel_size
+        if role.frozen:
+            out += [Component(role.name, FROZEN_ENGINES, p, role.num_engines, tp) for p in frozen_checkpoints(role)]
+            continue
+        out.append(Component(role.name, ENGINES, role.pretrain, role.num_engines, tp))
+        if uses_pool(cfg):
+            out.append(Component(role.name, POOL_ENGINES, role.pretrain, cfg.pool.num_engines, tp))
+        ranks = role.num_nodes * role.num_gpus_per_node
+        out.append(Component(role.name, ACTOR, role.pretrain, ranks, 1))
+        if has_reference(role):
+            out.append(Component(role.name, REFERENCE, role.pretrain, ranks, 1))
+    return out
+
+
+def device_slots(cfg: Config) -> int:
+    """Device slots ("GPU" resources) the job asks Ray for: the sum over :func:`placement`."""
+    return sum(c.gpus for c in placement(cfg))

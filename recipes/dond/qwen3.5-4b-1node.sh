@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=ibrl-dond-4b-1node
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --gres=gpu:8
+#SBATCH --cpus-per-task=64
+#SBATCH --exclusive
+#SBATCH --time=3-00:00:00
+#SBATCH --output=%x-%j.out
+#
+# IB-RL on Deal-or-No-Deal, both roles from Qwen3.5-4B, on ONE node of 8 GPUs: the single-node variant of
+# qwen3.5-4b.sh (same algorithm and batch, a quarter of the GPUs per component, slower iterations).
+# Hyperparameters and GPU layout: qwen3.5-4b-1node.yaml beside this file.
+#
+#   DOND_MODEL=/models/Qwen3.5-4B sbatch recipes/dond/qwen3.5-4b-1node.sh [--section.key VALUE ...]
+#   DOND_MODEL=/models/Qwen3.5-4B bash recipes/dond/qwen3.5-4b-1node.sh --plan    # placement + memory; no GPU, no Ray
+#
+# DOND_MODEL    (required) HF checkpoint both roles start from (paper: the base model; DoND has no SFT data);
+#               AGENT1_MODEL / AGENT2_MODEL start a role from another checkpoint.
+# DOND_DATA     (optional) scenarios in the Lewis et al. format, e.g. their train split (paper); default: the
+#               seeded generator (env.num_scenarios).
+# Extra flags override the YAML (e.g. --train.iterations 30). Launcher variables: recipes/slurm-ray.sh.
+set -euo pipefail
+IBRL_NODES=1 IBRL_GPUS_PER_NODE=8  # = the #SBATCH header
+
+# The recipe's own path (under sbatch the running file is Slurm's copy, "slurm_script": ask Slurm for the original).
+RECIPE=${BASH_SOURCE[0]}
+if [[ $(basename "$RECIPE") == slurm_script && -n "${SLURM_JOB_ID:-}" ]]; then
+    RECIPE=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
+    [[ "$RECIPE" = /* ]] || RECIPE=$SLURM_SUBMIT_DIR/$RECIPE
+fi
+source "$(dirname "$RECIPE")/../slurm-ray.sh"
+
+ibrl_require DOND_MODEL "the HF checkpoint both DoND roles start from"
+TRAIN_FLAGS=(
+    --config "$RECIPE_DIR/qwen3.5-4b-1node.yaml"
+    --role1.pretrain "$(ibrl_abspath "${AGENT1_MODEL:-$DOND_MODEL}")"
+    --role2.pretrain "$(ibrl_abspath "${AGENT2_MODEL:-$DOND_MODEL}")"
+    --ckpt.path "$(ibrl_abspath "$RUN_DIR")"
+)
+if [[ -n "${DOND_DATA:-}" ]]; then TRAIN_FLAGS+=(--env.data "$(ibrl_abspath "$DOND_DATA")"); fi
+ibrl_main "$@"

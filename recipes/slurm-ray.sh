@@ -1,0 +1,129 @@
+# Shared by the Slurm recipes (recipes/<domain>/<model>.sh): sourced, never run by itself.
+#
+# A recipe sets IBRL_NODES / IBRL_GPUS_PER_NODE (its #SBATCH header), RECIPE (its own path), checks its
+# variables with ibrl_require, fills TRAIN_FLAGS (what `marti-ibrl train` gets) and calls ibrl_main "$@":
+#
+#   sbatch RECIPE.sh [--section.key VALUE ...]   preflight `marti-ibrl plan --strict` (fails before anything
+#                                                starts when the job does not fit), Ray head on the first node and
+#                                                a worker on every other node (srun), wait until Ray has every GPU
+#                                                of the allocation, then `ray job submit -- marti-ibrl train
+#                                                TRAIN_FLAGS --ray.address auto`; the job's exit code is train's.
+#   bash RECIPE.sh --plan [flags]                the placement and memory per GPU, anywhere (no GPU, no Ray);
+#                                                checkpoint paths that do not exist here are sized by name
+#                                                (Qwen3.5-4B/9B) or with --model-config.
+#   bash RECIPE.sh --print-flags [flags]         TRAIN_FLAGS, one per line (tests/test_plan.py parses them).
+#
+# Environment (all optional): MARTI_IBRL (the marti-ibrl executable; default: on PATH, else .venv/bin),
+# RAY / PYTHON (default: beside MARTI_IBRL), RUN_DIR (default: runs/<job name>-<job id> in the repository),
+# GPU_MEMORY_GIB (per GPU, default 80), RAY_PORT (6379), RAY_DASHBOARD_PORT (8265), RAY_WAIT_TIMEOUT (seconds
+# to wait for the cluster, default 600). sbatch passes the submitting shell's environment on (--export=ALL, the
+# default): activate the environment where marti-ibrl is installed (pip install -e ".[gpu]") and export the
+# variables (model paths, API keys) before sbatch; the Ray processes and the training job inherit them.
+
+IBRL_NAME=$(basename "$RECIPE" .sh)
+RECIPE_DIR=$(cd "$(dirname "$RECIPE")" && pwd)
+IBRL_ROOT=$(cd "$RECIPE_DIR/../.." && pwd)
+
+if [[ -z "${MARTI_IBRL:-}" ]]; then
+    MARTI_IBRL=$(command -v marti-ibrl || echo "$IBRL_ROOT/.venv/bin/marti-ibrl")
+fi
+BIN_DIR=$(dirname "$MARTI_IBRL")
+RAY=${RAY:-$([[ -x "$BIN_DIR/ray" ]] && echo "$BIN_DIR/ray" || echo ray)}
+PYTHON=${PYTHON:-$([[ -x "$BIN_DIR/python" ]] && echo "$BIN_DIR/python" || echo python3)}
+RUN_DIR=${RUN_DIR:-$IBRL_ROOT/runs/${SLURM_JOB_NAME:-$IBRL_NAME}-${SLURM_JOB_ID:-local}}
+GPU_MEMORY_GIB=${GPU_MEMORY_GIB:-80}
+
+ibrl_die() {
+    echo "$IBRL_NAME: error: $*" >&2
+    exit 2
+}
+
+ibrl_log() {
+    echo "[$IBRL_NAME $(date +%H:%M:%S)] $*"
+}
+
+# ibrl_require VAR "what it is": a clear error when a variable the recipe needs is unset.
+ibrl_require() {
+    [[ -n "${!1:-}" ]] || ibrl_die "set $1 ($2), e.g. $1=/path/to/checkpoint sbatch $RECIPE"
+}
+
+# ibrl_abspath PATH: absolute (the training job does not run in the submit directory).
+ibrl_abspath() {
+    if [[ "$1" = /* ]]; then echo "$1"; else echo "${SLURM_SUBMIT_DIR:-$PWD}/$1"; fi
+}
+
+ibrl_plan() {  # ibrl_plan NODES GPUS_PER_NODE [plan options]
+    local nodes=$1 gpn=$2
+    shift 2
+    "$MARTI_IBRL" plan "${TRAIN_FLAGS[@]}" --nodes "$nodes" --gpus-per-node "$gpn" --gpu-memory "$GPU_MEMORY_GIB" "$@"
+}
+
+# ibrl_wait_for_gpus ADDRESS N: until the Ray cluster at ADDRESS has N GPUs, at most RAY_WAIT_TIMEOUT seconds.
+ibrl_wait_for_gpus() {
+    local address=$1 want=$2 timeout=${RAY_WAIT_TIMEOUT:-600} have=0 start=$SECONDS
+    while ((SECONDS - start < timeout)); do
+        have=$("$PYTHON" -c '
+import sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+print(int(ray.cluster_resources().get("GPU", 0)))' "$address" 2>/dev/null | tail -n 1) || have=0
+        have=${have:-0}
+        if ((have >= want)); then
+            ibrl_log "Ray cluster at $address has $have GPUs"
+            return 0
+        fi
+        sleep 10
+    done
+    ibrl_die "the Ray cluster at $address has $have of the $want GPUs after ${timeout}s (RAY_WAIT_TIMEOUT): a worker" \
+        "node did not join; see this job's output for the \`ray start\` errors of the nodes"
+}
+
+ibrl_run() {
+    [[ -n "${SLURM_JOB_ID:-}" ]] || ibrl_die "not inside a Slurm job: submit with sbatch $RECIPE (or $RECIPE --plan)"
+    command -v srun >/dev/null || ibrl_die "srun not found"
+    local nodes=${SLURM_JOB_NUM_NODES:-$IBRL_NODES} gpn=${SLURM_GPUS_ON_NODE:-$IBRL_GPUS_PER_NODE}
+    local port=${RAY_PORT:-6379} dashboard=${RAY_DASHBOARD_PORT:-8265} cpus=${SLURM_CPUS_PER_TASK:-$((gpn * 4))}
+    ibrl_log "preflight: marti-ibrl plan --strict for $nodes nodes x $gpn GPUs"
+    ibrl_plan "$nodes" "$gpn" --strict || ibrl_die "the job does not fit this allocation (plan above); nothing started"
+
+    local hosts head head_ip
+    mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    head=${hosts[0]}
+    head_ip=$(srun --nodes=1 --ntasks=1 --overlap -w "$head" hostname --ip-address | awk '{print $1}')
+    ibrl_log "Ray head on $head ($head_ip:$port), workers on: ${hosts[*]:1}"
+    srun --nodes=1 --ntasks=1 --overlap -w "$head" \
+        "$RAY" start --head --block --node-ip-address="$head_ip" --port="$port" \
+        --dashboard-host=0.0.0.0 --dashboard-port="$dashboard" --num-cpus="$cpus" --num-gpus="$gpn" &
+    local start=$SECONDS
+    until "$RAY" status --address="$head_ip:$port" >/dev/null 2>&1; do
+        ((SECONDS - start < ${RAY_WAIT_TIMEOUT:-600})) || ibrl_die "the Ray head on $head did not start (output above)"
+        sleep 5
+    done
+    local host
+    for host in "${hosts[@]:1}"; do
+        srun --nodes=1 --ntasks=1 --overlap -w "$host" \
+            "$RAY" start --block --address="$head_ip:$port" --num-cpus="$cpus" --num-gpus="$gpn" &
+    done
+    ibrl_wait_for_gpus "$head_ip:$port" $((nodes * gpn))
+
+    mkdir -p "$RUN_DIR"
+    ibrl_log "submitting: marti-ibrl train ${TRAIN_FLAGS[*]} --ray.address auto"
+    local rc=0
+    "$RAY" job submit --address="http://$head_ip:$dashboard" --submission-id="ibrl-$SLURM_JOB_ID" -- \
+        "$MARTI_IBRL" train "${TRAIN_FLAGS[@]}" --ray.address auto || rc=$?
+    ibrl_log "training job ended (exit $rc); run directory: $RUN_DIR"
+    exit "$rc"
+}
+
+ibrl_main() {
+    local mode=run
+    case "${1:-}" in
+    --plan) mode=plan && shift ;;
+    --print-flags) mode=print && shift ;;
+    esac
+    TRAIN_FLAGS+=("$@")
+    case $mode in
+    print) printf '%s\n' "${TRAIN_FLAGS[@]}" ;;
+    plan) ibrl_plan "$IBRL_NODES" "$IBRL_GPUS_PER_NODE" ;;
+    run) ibrl_run ;;
+    esac
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=ibrl-telesales-4b
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=1
+#SBATCH --gres=gpu:8
+#SBATCH --cpus-per-task=64
+#SBATCH --exclusive
+#SBATCH --time=3-00:00:00
+#SBATCH --output=%x-%j.out
+#
+# IB-RL on Vehicle TeleSales, sales and customer from their Qwen3.5-4B SFT checkpoints, on 4 nodes x 8 GPUs.
+# Hyperparameters and GPU layout: qwen3.5-4b.yaml beside this file.
+#
+#   export DEEPSEEK_API_KEY=...   # the judge's key, if it needs one (only its NAME goes on the command line)
+#   SALES_MODEL=/ckpt/sales-4b CUSTOMER_MODEL=/ckpt/customer-4b \
+#   JUDGE_BASE_URL=https://api.deepseek.com/v1 JUDGE_MODEL=deepseek-chat JUDGE_API_KEY_ENV=DEEPSEEK_API_KEY \
+#       sbatch recipes/telesales/qwen3.5-4b.sh [--section.key VALUE ...]
+#   (same variables) bash recipes/telesales/qwen3.5-4b.sh --plan    # placement + memory; no GPU, no Ray
+#
+# SALES_MODEL, CUSTOMER_MODEL  (required) the two roles' SFT checkpoints (marti-ibrl sft; paper: ~50K real calls)
+# JUDGE_BASE_URL, JUDGE_MODEL  (required) OpenAI-compatible endpoint of the reward judges (paper: DeepSeek V4 Pro)
+# JUDGE_API_KEY_ENV            (optional) NAME of the environment variable holding the judge's API key
+# TELESALES_PROFILES           (optional) training profiles, JSONL (marti-ibrl telesales profiles --split train
+#                              -n 3000); default: 3,000 generated ones
+# TELESALES_LANG               (optional) prompt language, en (default) or zh (the paper's Chinese calls)
+# Extra flags override the YAML. Launcher variables: recipes/slurm-ray.sh.
+set -euo pipefail
+IBRL_NODES=4 IBRL_GPUS_PER_NODE=8  # = the #SBATCH header
+
+# The recipe's own path (under sbatch the running file is Slurm's copy, "slurm_script": ask Slurm for the original).
+RECIPE=${BASH_SOURCE[0]}
+if [[ $(basename "$RECIPE") == slurm_script && -n "${SLURM_JOB_ID:-}" ]]; then
+    RECIPE=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
+    [[ "$RECIPE" = /* ]] || RECIPE=$SLURM_SUBMIT_DIR/$RECIPE
+fi
+source "$(dirname "$RECIPE")/../slurm-ray.sh"
+
+ibrl_require SALES_MODEL "the sales agent's SFT checkpoint"
+ibrl_require CUSTOMER_MODEL "the customer's SFT checkpoint"
+ibrl_require JUDGE_BASE_URL "the OpenAI-compatible URL of the reward judges"
+ibrl_require JUDGE_MODEL "the judge model's name at JUDGE_BASE_URL"
+TRAIN_FLAGS=(
+    --config "$RECIPE_DIR/qwen3.5-4b.yaml"
+    --role1.pretrain "$(ibrl_abspath "$SALES_MODEL")"
+    --role2.pretrain "$(ibrl_abspath "$CUSTOMER_MODEL")"
+    --judge.base_url "$JUDGE_BASE_URL"
+    --judge.model "$JUDGE_MODEL"
+    --ckpt.path "$(ibrl_abspath "$RUN_DIR")"
+)
+if [[ -n "${JUDGE_API_KEY_ENV:-}" ]]; then TRAIN_FLAGS+=(--judge.api_key_env "$JUDGE_API_KEY_ENV"); fi
+if [[ -n "${TELESALES_PROFILES:-}" ]]; then TRAIN_FLAGS+=(--env.data "$(ibrl_abspath "$TELESALES_PROFILES")"); fi
+if [[ -n "${TELESALES_LANG:-}" ]]; then TRAIN_FLAGS+=(--env.lang "$TELESALES_LANG"); fi
+ibrl_main "$@"

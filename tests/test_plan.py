@@ -1,0 +1,242 @@
+"""``marti-ibrl plan`` and the Slurm recipes: placement, memory per GPU, fit checks (no GPU, no Ray)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from marti_ibrl.cli import main as cli_main
+from marti_ibrl.config import load_config
+from marti_ibrl.placement import device_slots, placement
+from marti_ibrl.plan import MODEL_TABLE, PROCESS_OVERHEAD, VLLM_RUNTIME, GiB, make_plan, model_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES_32 = ["dond/qwen3.5-4b", "dond/qwen3.5-9b", "telesales/qwen3.5-4b", "telesales/qwen3.5-9b"]
+RECIPES_8 = ["dond/qwen3.5-4b-1node"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, str]:
+    """Checkpoint directories holding the Qwen3.5 configs of the built-in table, nested as a multimodal
+    checkpoint nests them (``text_config``)."""
+    root = tmp_path_factory.mktemp("ckpts")
+    out = {}
+    for key, text in MODEL_TABLE.items():
+        path = root / key
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text}))
+        out[key] = str(path)
+    return out
+
+
+def recipe_env(recipe: str, checkpoints: dict[str, str], tmp: Path) -> dict[str, str]:
+    model = checkpoints["qwen3.5-9b" if "9b" in recipe else "qwen3.5-4b"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(DOND_MODEL=model, SALES_MODEL=model, CUSTOMER_MODEL=model, RUN_DIR=str(tmp / "run"))
+    env.update(JUDGE_BASE_URL="https://judge.example/v1", JUDGE_MODEL="judge", JUDGE_API_KEY_ENV="IBRL_TEST_JUDGE_KEY")
+    env["IBRL_TEST_JUDGE_KEY"] = "secret"
+    return env
+
+
+def recipe_flags(recipe: str, env: dict[str, str]) -> list[str]:
+    """The flags the recipe hands to `marti-ibrl train` (its --print-flags mode runs the script's own code)."""
+    out = subprocess.run(
+        ["bash", str(ROOT / "recipes" / f"{recipe}.sh"), "--print-flags"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def sbatch_allocation(recipe: str) -> tuple[int, int]:
+    text = (ROOT / "recipes" / f"{recipe}.sh").read_text()
+    nodes = int(re.search(r"^#SBATCH --nodes=(\d+)$", text, re.M).group(1))
+    gpus = int(re.search(r"^#SBATCH --gres=gpu:(\d+)$", text, re.M).group(1))
+    assert re.search(rf"^IBRL_NODES={nodes} IBRL_GPUS_PER_NODE={gpus}\b", text, re.M), "launcher vs #SBATCH header"
+    return nodes, gpus
+
+
+@pytest.mark.parametrize("recipe", RECIPES_32 + RECIPES_8)
+def test_recipe_fits_its_allocation(recipe, checkpoints, tmp_path, monkeypatch, capsys):
+    env = recipe_env(recipe, checkpoints, tmp_path)
+    monkeypatch.setenv("IBRL_TEST_JUDGE_KEY", "secret")
+    flags = recipe_flags(recipe, env)
+    assert flags[:2] == ["--config", str(ROOT / "recipes" / f"{recipe}.yaml")]  # the YAML beside the script
+    assert flags[flags.index("--ckpt.path") + 1] == str(tmp_path / "run")
+    cfg = load_config(flags)  # exactly what train parses (every check: the checkpoints exist here)
+    nodes, gpus = sbatch_allocation(recipe)
+    assert nodes * gpus == (8 if recipe in RECIPES_8 else 32)
+    plan = make_plan(cfg, nodes=nodes, gpus_per_node=gpus, gpu_memory_gib=80)
+    assert plan.problems == []
+    assert plan.total_gpus == device_slots(cfg) == nodes * gpus
+    assert all(u.total <= 80 * GiB for u in plan.usages)
+    assert {m.source for m in plan.models.values()} == {str(Path(cfg.roles[0].pretrain) / "config.json")}
+    assert cli_main(["plan", *flags, "--nodes", str(nodes), "--gpus-per-node", str(gpus), "--strict"]) == 0
+    assert "fits" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_recipe_shell_scripts():
+    scripts = sorted((ROOT / "recipes").rglob("*.sh"))
+    assert {f"{p.parent.name}/{p.stem}" for p in scripts} >= set(RECIPES_32 + RECIPES_8)
+    for script in scripts:
+        out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert out.returncode == 0, (script, out.stderr)
+    for recipe in RECIPES_32 + RECIPES_8:
+        assert (ROOT / "recipes" / f"{recipe}.yaml").is_file()
+
+
+def test_recipe_errors_without_its_variables_or_slurm(checkpoints, tmp_path):
+    env = recipe_env("dond/qwen3.5-4b", checkpoints, tmp_path)
+    del env["DOND_MODEL"]
+    out = subprocess.run(["bash", str(ROOT / "recipes/dond/qwen3.5-4b.sh")], env=env, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "error: set DOND_MODEL" in out.stderr
+    env = recipe_env("telesales/qwen3.5-9b", checkpoints, tmp_path)
+    out = subprocess.run(
+        ["bash", str(ROOT / "recipes/telesales/qwen3.5-9b.sh")], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert "not inside a Slurm job: submit with sbatch" in out.stderr
+
+
+def test_hand_computed_placement_and_memory(tmp_path):
+    """A tiny Qwen2 (tied embeddings): every number worked out by hand."""
+    config = {
+        "model_type": "qwen2",
+        "vocab_size": 1000,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    m = str(tmp_path)
+    cfg = load_config(
+        [
+            *("--role1.pretrain", m, "--role2.pretrain", m, "--train.device", "cuda"),
+            *("--role1.num_gpus_per_node", "2", "--role2.num_gpus_per_node", "2", "--role2.kl_coef", "0"),
+            *("--role1.num_engines", "2", "--pool.num_engines", "1", "--ds.zero_stage", "2"),
+            *("--rollout.max_len", "256", "--rollout.micro_batch_size", "4", "--train.micro_batch_size", "2"),
+        ]
+    )
+    # role1: engines 2, pool 1, actor 2, reference 2; role2 (kl 0: no reference): engines 1, pool 1, actor 2
+    got = [(c.role, c.kind, c.count, c.gpus) for c in placement(cfg)]
+    assert got == [
+        ("agent1", "engines", 2, 2),
+        ("agent1", "pool engines", 1, 1),
+        ("agent1", "actor", 2, 2),
+        ("agent1", "reference", 2, 2),
+        ("agent2", "engines", 1, 1),
+        ("agent2", "pool engines", 1, 1),
+        ("agent2", "actor", 2, 2),
+    ]
+    plan = make_plan(cfg, nodes=2, gpus_per_node=8, gpu_memory_gib=80)
+    assert plan.total_gpus == 11 and plan.problems == []
+
+    # embedding 1000*64 = 64000; per layer: q 64*64 + k, v 2*64*32 + o 64*64 = 12288, q/k/v biases 64 + 2*32 = 128,
+    # MLP 3*64*128 = 24576, norms 2*64 = 128 -> 37120; 2 layers + final norm 64 -> 138304
+    spec = plan.models[m]
+    assert spec.params == 64000 + 2 * 37120 + 64 == 138304
+    assert spec.kv_bytes_per_token == 2 * 2 * (2 * 16) * 2 == 256  # layers x (K, V) x kv heads x head dim x bf16
+    actor = next(u for u in plan.usages if (u.component.role, u.component.kind) == ("agent1", "actor"))
+    # bf16, ZeRO-2 over 2 ranks: weights 2 B/param whole, gradients 2 B and Adam 12 B split in two
+    per_token_layer = 2 * (8 * 64 + 3 * 128)  # 1792
+    update = 2 * 256 * (2 * per_token_layer + 1000 * 10)  # train micro-batch 2, no checkpointing, no entropy
+    logprob = 4 * 256 * (per_token_layer + 1000 * 6)  # rollout micro-batch 4
+    assert (update, logprob) == (6955008, 7979008)
+    assert actor.parts == {
+        "weights": 276608,
+        "gradients": 138304,
+        "Adam states": 829824,
+        "activations": 7979008,
+        "overhead": PROCESS_OVERHEAD,
+    }
+    assert actor.total == 276608 + 138304 + 829824 + 7979008 + GiB
+    ref = next(u for u in plan.usages if u.component.kind == "reference")
+    assert ref.parts == {"weights": 276608, "activations": 7979008, "overhead": GiB}
+    engine = plan.usages[0]
+    kv = 40 * GiB - 276608 - VLLM_RUNTIME  # gpu_memory_utilization 0.5 of 80 GiB
+    assert engine.parts == {"weights": 276608, "runtime": 2 * GiB, "KV cache": kv}
+    assert engine.sequences == kv // (256 * 256)
+    assert engine.total == 40 * GiB
+
+
+def test_does_not_fit_exits_2_with_one_message(checkpoints, tmp_path, capsys):
+    env = recipe_env("dond/qwen3.5-9b", checkpoints, tmp_path)
+    flags = recipe_flags("dond/qwen3.5-9b", env)
+    assert cli_main(["plan", *flags, "--nodes", "4", "--ds.zero_stage", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("marti-ibrl plan: error: does not fit: agent1 actor needs ")
+    assert "GiB per GPU > 80.0 GiB" in err[0] and "try --ds.zero_stage 3" in err[0]
+    assert cli_main(["plan", *flags, "--nodes", "4", "--role1.num_gpus_per_node", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit: the job needs 40 GPUs, the allocation has 4 × 8 = 32" in err
+    assert cli_main(["plan", *flags, "--nodes", "4", "--gpu-memory", "20"]) == 2  # 0.85 x 20 GiB < 9B weights
+    assert "agent1 engines: 0.85 × 20.0 GiB leaves no KV cache for one 4096-token sequence" in capsys.readouterr().err
+
+
+def test_plan_without_checkpoints_sizes_by_name_unless_strict(tmp_path, capsys):
+    recipe = str(ROOT / "recipes/dond/qwen3.5-4b.yaml")
+    flags = ["--config", recipe, "--role1.pretrain", "/nowhere/Qwen3.5-4B", "--role2.pretrain", "/nowhere/x"]
+    assert cli_main(["plan", *flags, "--nodes", "4"]) == 0  # role2's size: from the recipe's name
+    out = capsys.readouterr().out
+    assert "qwen3.5-4b (built-in table, assumed; from the checkpoint name)" in out
+    assert "qwen3.5-4b (built-in table, assumed; from the recipe name)" in out
+    assert "not checked here (assumed present where train runs; --strict checks them): /nowhere/Qwen3.5-4B" in out
+    assert cli_main(["plan", *flags, "--nodes", "4", "--model-config", "qwen3.5-9b"]) == 0
+    assert "8.95B params" in capsys.readouterr().out
+    assert cli_main(["plan", *flags, "--strict"]) == 2
+    assert "--role1.pretrain: not a directory: /nowhere/Qwen3.5-4B" in capsys.readouterr().err
+    assert cli_main(["plan", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "--config: no such file" in capsys.readouterr().err
+
+
+def test_train_starts_ray_with_the_planned_slots(checkpoints, tmp_path, monkeypatch):
+    """train's Ray start-up asks for exactly the GPUs plan counts (one function: placement.device_slots)."""
+    from marti_ibrl.backend import openrlhf_glue
+
+    env = recipe_env("telesales/qwen3.5-4b", checkpoints, tmp_path)
+    monkeypatch.setenv("IBRL_TEST_JUDGE_KEY", "secret")
+    cfg = load_config(recipe_flags("telesales/qwen3.5-4b", env) + ["--ray.address", "auto"])
+    asked = []
+    monkeypatch.setattr(openrlhf_glue, "start_ray", lambda slots, *a, **k: asked.append(slots))
+    openrlhf_glue.init_ray(cfg, "cuda")
+    assert asked == [make_plan(cfg, nodes=4).total_gpus] == [32]
+
+
+def test_ablation_resolved_like_the_trainer(checkpoints):
+    m = checkpoints["qwen3.5-4b"]
+    cfg = load_config(["--role1.pretrain", m, "--role2.pretrain", m, "--ablation", "no_stabilization"])
+    assert not [c for c in placement(cfg) if c.kind == "pool engines"]  # the trainer turns the pools off first
+    assert device_slots(cfg) == 2 * 3
+
+
+@pytest.mark.parametrize("key", sorted(MODEL_TABLE))
+def test_parameter_count_matches_transformers(key):
+    """The architecture formula on the built-in Qwen3.5 configs equals transformers' own count (meta device)."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    text = {k: v for k, v in MODEL_TABLE[key].items() if k != "model_type"}
+    with torch.device("meta"):
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**text))
+    assert model_spec(MODEL_TABLE[key], key).params == sum(p.numel() for p in model.parameters())
+
+
+def test_plan_imports_neither_torch_nor_ray():
+    code = (
+        "import sys; from marti_ibrl.cli import main; "
+        "rc = main(['plan', '--config', 'recipes/dond/qwen3.5-9b.yaml', '--role1.pretrain', '/x/Qwen3.5-9B', "
+        "'--role2.pretrain', '/x/Qwen3.5-9B', '--nodes', '4']); "
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'vllm', 'deepspeed', 'transformers')]; "
+        "assert rc == 0 and not heavy, (rc, heavy[:5])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
