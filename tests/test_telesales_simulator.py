@@ -426,3 +426,29 @@ def test_telesales_eval_checkpoint_on_engines(serve, tmp_path, monkeypatch, caps
         assert calls == ["start", "stop"] and len(server.requests) == n
     finally:
         ray.shutdown()
+
+
+def test_results_compare_policies_with_gee(tmp_path) -> None:
+    from marti_ibrl.eval.telesales import write_results
+
+    def records(successes_per_profile: list[int]) -> list[dict]:
+        state = {"willingness": 0.4, "trust": 0.5, "patience": 0.5}
+        return [
+            {"profile_id": f"p{i}", "sample_index": g, "success": g < wins, "failed": False, "reason": "hang_up",
+             "initial_state": state, "final_state": state, "audit": None}
+            for i, wins in enumerate(successes_per_profile)
+            for g in range(3)
+        ]  # fmt: skip
+
+    # 40 profiles x 3 calls: "base" succeeds in 1 of 3 calls on half the profiles (20/120), "trained" in 2 of 3 on
+    # every profile (80/120): odds ratio (80/40) / (20/100) = 10
+    runs = {"base": records([1, 0] * 20), "trained": records([2] * 40)}
+    text = write_results(tmp_path, runs, {"simulator": "sim"})
+    assert "Per-call success vs base (logistic GEE clustered by profile, Holm-adjusted):" in text
+    row = next(line for line in text.splitlines() if line.startswith("| trained | base | 120 |"))
+    assert row.split("|")[4].strip().startswith("10.00 [")
+    assert row.split("|")[5].strip() == "<0.001" and row.rstrip(" |").endswith("*")
+    # one policy: no comparison; no success anywhere: reported as not estimable, results still written
+    assert "logistic GEE" not in write_results(tmp_path, {"base": runs["base"]}, {})
+    text = write_results(tmp_path, {"a": records([0] * 40), "b": records([0] * 40)}, {})
+    assert "(not estimable:" in text and (tmp_path / "results.md").read_text() == text

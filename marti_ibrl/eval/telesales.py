@@ -7,7 +7,8 @@ For every evaluation profile the story is compiled once (Table 8, cached), then 
 as one JSON line, to ``OUT/episodes/POLICY.jsonl``; a rerun skips the episode ids already there (``PROFILE|SAMPLE``),
 so a killed run loses at most the batch in flight. At the end :func:`write_results` writes ``OUT/results.md`` (the
 Table 1 metrics of :mod:`marti_ibrl.eval.telesales_metrics`: Success@n with Wilson intervals, willingness/patience
-deltas, hallucination rate; and how the calls ended), ``OUT/summary.json`` and ``OUT/success_at_n.png``.
+deltas, hallucination rate; how the calls ended; with several policies, a logistic GEE of per-call success against
+the first, clustered by profile, Holm-adjusted), ``OUT/summary.json`` and ``OUT/success_at_n.png``.
 
 A policy is a checkpoint (served by rollout engines, as ``marti-ibrl eval`` does; it sees its Table 15 training
 format) or an endpoint (the Table 10 prompted baseline, :class:`~marti_ibrl.envs.telesales.eval_agents.
@@ -305,6 +306,7 @@ def write_results(out: Path, runs: Mapping[str, Sequence[dict]], meta: Mapping[s
     for name, recs in runs.items():
         counts = Counter(rec["reason"] for rec in recs)
         lines.append(f"| {name} | " + " | ".join(str(counts.get(r, 0)) for r in REASONS) + " |")
+    lines += ["", *significance(runs, [n for n in runs if n in summaries])]
     markdown = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULTS).write_text(markdown, encoding="utf-8")
@@ -313,6 +315,29 @@ def write_results(out: Path, runs: Mapping[str, Sequence[dict]], meta: Mapping[s
     if summaries:
         plot_success(summaries, out / FIGURE)
     return markdown
+
+
+def significance(runs: Mapping[str, Sequence[dict]], policies: Sequence[str]) -> list[str]:
+    """Markdown lines: every policy's per-call success against the first one's, a logistic GEE clustered by profile
+    with Holm-adjusted p-values (§5.2; :func:`marti_ibrl.eval.stats.compare`). Failed calls count as no success,
+    as in Success@n. Nothing for fewer than two complete policies; a model that cannot be fitted is reported."""
+    if len(policies) < 2:
+        return []
+    import pandas as pd
+
+    from marti_ibrl.eval.stats import compare, format_table
+
+    rows = [
+        {"policy": name, "profile_id": rec["profile_id"], "success": int(bool(rec["success"]))}
+        for name in policies
+        for rec in runs[name]
+    ]
+    head = [f"Per-call success vs {policies[0]} (logistic GEE clustered by profile, Holm-adjusted):", ""]
+    try:
+        table = compare(pd.DataFrame(rows), policies[0], outcome="success", method="policy", cluster="profile_id")
+    except (ValueError, ArithmeticError) as e:  # e.g. no success at all: the odds ratio is not estimable
+        return [*head, f"(not estimable: {e})"]
+    return [*head, format_table(table)]
 
 
 def plot_success(summaries: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
