@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -88,12 +89,11 @@ def test_eval_cli_end_to_end(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(FrozenEngines, "start", start)
     out = tmp_path / "eval"
-    argv = [
-        *("eval", "--policy", f"tiny={model}", "--counterpart", "heldout:hardliner"),
-        *("--counterpart", f"ep=endpoint:tiny@{server.base_url}", "--self-play", "-n", "3"),
-        *("--prompt-style", "compact", "--max-rounds", "2", "--max-new-tokens", "12", "--max-len", "512"),
-        *("--out", str(out)),
-    ]
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
+    from eval_against_endpoint import eval_argv  # the example's command: checkpoint vs an endpoint, self, a bot
+
+    small = ["--prompt-style", "compact", "--max-rounds", "2", "--max-new-tokens", "12", "--max-len", "512"]
+    argv = eval_argv(model, f"tiny@{server.base_url}", str(out), n=3, name="tiny", extra=small)
     try:
         t0 = time.monotonic()
         assert main(argv) == 0

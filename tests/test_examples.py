@@ -128,3 +128,17 @@ def text_hash(trajectory, role, scenario) -> float:
     """A toy reward in [0, 1) that differs between any two different texts of the role (an untrained model's turns
     are all malformed, so the rule reward would tie every rollout and give zero advantages)."""
     return zlib.crc32("".join(t.text for t in trajectory.turns if t.role == role).encode()) / 2**32
+
+
+def test_eval_against_endpoint_example_command(tmp_path, monkeypatch, capsys):
+    """The command it builds (run against a real local endpoint in test_eval_cli); a bad checkpoint fails fast."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    from eval_against_endpoint import eval_argv, main
+
+    argv = eval_argv("ckpt", "m@http://h/v1#K", "out", 5, extra=["--max-rounds", "2"])
+    assert argv == ["eval", "--policy", "policy=ckpt", "--counterpart", "heldout:hardliner", "--counterpart",
+                    "ep=endpoint:m@http://h/v1#K", "--self-play", "-n", "5", "--max-rounds", "2", "--out", "out"]  # fmt: skip
+    code = main(["--checkpoint", str(tmp_path / "nope"), "--endpoint", "m@http://127.0.0.1:9/v1", "--out",
+                 str(tmp_path / "o"), "-n", "2", "--", "--max-rounds", "2"])  # fmt: skip
+    assert code == 2 and "nope" in capsys.readouterr().err
+    sys.modules.pop("eval_against_endpoint", None)
