@@ -28,14 +28,4 @@ if [[ $(basename "$RECIPE") == slurm_script && -n "${SLURM_JOB_ID:-}" ]]; then
     RECIPE=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
     [[ "$RECIPE" = /* ]] || RECIPE=$SLURM_SUBMIT_DIR/$RECIPE
 fi
-source "$(dirname "$RECIPE")/../slurm-ray.sh"
-
-ibrl_require DOND_MODEL "the HF checkpoint both DoND roles start from"
-TRAIN_FLAGS=(
-    --config "$RECIPE_DIR/qwen3.5-9b.yaml"
-    --role1.pretrain "$(ibrl_abspath "${AGENT1_MODEL:-$DOND_MODEL}")"
-    --role2.pretrain "$(ibrl_abspath "${AGENT2_MODEL:-$DOND_MODEL}")"
-    --ckpt.path "$(ibrl_abspath "$RUN_DIR")"
-)
-if [[ -n "${DOND_DATA:-}" ]]; then TRAIN_FLAGS+=(--env.data "$(ibrl_abspath "$DOND_DATA")"); fi
-ibrl_main "$@"
+source "$(dirname "$RECIPE")/train-flags.sh"
