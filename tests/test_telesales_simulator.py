@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -381,22 +382,42 @@ def test_telesales_eval_refuses_another_simulators_episodes(serve, tmp_path, mon
     assert not server.requests
 
 
-@pytest.mark.slow
+class LocalEngines:
+    """``FrozenEngines`` in-process: an HF engine per checkpoint behind the ``.remote`` calls the runner makes (with
+    ``ray.get`` the identity). The same engine class runs as a Ray actor in ``marti-ibrl eval`` (test_eval_cli)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def start(self, path: str) -> list:
+        import torch
+
+        from marti_ibrl.rollout.engines import HFGenerateEngine
+
+        self.calls.append("start")
+        threads = torch.get_num_threads()
+        engine = HFGenerateEngine(path, seed=0)
+        torch.set_num_threads(threads)  # the engine pins its own process to one thread: not the test process
+        return [SimpleNamespace(generate_batch=SimpleNamespace(remote=engine.generate_batch))]
+
+    def stop(self, engines: list) -> None:
+        self.calls.append("stop")
+
+
 def test_telesales_eval_checkpoint_on_engines(serve, tmp_path, monkeypatch, capsys) -> None:
-    """A tiny checkpoint in the sales seat, served by a Ray HF engine (the Table 15 training format), against the
+    """A tiny checkpoint in the sales seat, served by an HF engine (the Table 15 training format), against the
     scripted simulator: calls end by the rules or as malformed, the simulator hears the checkpoint's words, the
     engines start once and stop, and a rerun starts nothing."""
-    import ray
-
-    from marti_ibrl.backend.openrlhf_glue import FrozenEngines
+    from marti_ibrl.eval import command as eval_command
+    from marti_ibrl.rollout import runner as runner_module
     from marti_ibrl.tiny import build_tiny_model
 
+    engines = LocalEngines()
+    monkeypatch.setattr(eval_command, "_engine_factory", lambda args, n: engines)
+    monkeypatch.setattr(runner_module, "ray", SimpleNamespace(get=lambda refs: refs))
     corpus = [training_sales_prompt(p) for p in PROFILES] + [line for _, line in SALES_LINES] + ["reply 1", "reply 2"]
     model = build_tiny_model(tmp_path / "tiny", corpus, max_position_embeddings=2048)
-    calls: list[str] = []
-    real_start, real_stop = FrozenEngines.start, FrozenEngines.stop
-    monkeypatch.setattr(FrozenEngines, "start", lambda self, path: calls.append("start") or real_start(self, path))
-    monkeypatch.setattr(FrozenEngines, "stop", lambda self, engines: calls.append("stop") or real_stop(self, engines))
+    calls = engines.calls
     script = Scripted()
     script.broken_simulator = set()
     server = serve(script)
@@ -404,28 +425,22 @@ def test_telesales_eval_checkpoint_on_engines(serve, tmp_path, monkeypatch, caps
     argv = _argv(server.base_url, out, n=1)
     argv[argv.index("--policy") + 1] = f"tiny={model}"
     argv += ["--samples", "2", "--max-turns", "4", "--max-new-tokens", "8", "--max-len", "1024", "--device", "cpu"]
-    try:
-        assert main(argv) == 0
-        recs = list(_records(out / "episodes" / "tiny.jsonl").values())
-        assert len(recs) == 2 and calls == ["start", "stop"]
-        env = TeleSalesEvalEnv("checkpoint")
-        heard = [b["messages"][1]["content"] for b in script.requests["simulator"] if len(b["messages"]) == 2]
-        for rec in recs:
-            assert (
-                rec["reason"] in ("success", "hang_up", "turn_limit", "malformed", "context_limit")
-                and not rec["failed"]
-            )
-            sales = [t for t in rec["transcript"] if t["role"] == "sales"]
-            assert sales and all(t["resamples"] <= 2 for t in sales)
-            if sales[0]["valid"]:  # the simulator heard the checkpoint's first turn (markers as notes)
-                assert env.counterpart_text("sales", sales[0]["text"]) in heard
-        assert all(m["role"] != "assistant" or m["content"].startswith("{") for b in script.requests["simulator"]
-                   for m in b["messages"][1:])  # fmt: skip
-        n = len(server.requests)
-        assert main(argv) == 0  # all played: no engine, no request
-        assert calls == ["start", "stop"] and len(server.requests) == n
-    finally:
-        ray.shutdown()
+    assert main(argv) == 0
+    recs = list(_records(out / "episodes" / "tiny.jsonl").values())
+    assert len(recs) == 2 and calls == ["start", "stop"]
+    env = TeleSalesEvalEnv("checkpoint")
+    heard = [b["messages"][1]["content"] for b in script.requests["simulator"] if len(b["messages"]) == 2]
+    for rec in recs:
+        assert rec["reason"] in ("success", "hang_up", "turn_limit", "malformed", "context_limit") and not rec["failed"]
+        sales = [t for t in rec["transcript"] if t["role"] == "sales"]
+        assert sales and all(t["resamples"] <= 2 for t in sales)
+        if sales[0]["valid"]:  # the simulator heard the checkpoint's first turn (markers as notes)
+            assert env.counterpart_text("sales", sales[0]["text"]) in heard
+    assert all(m["role"] != "assistant" or m["content"].startswith("{") for b in script.requests["simulator"]
+               for m in b["messages"][1:])  # fmt: skip
+    n = len(server.requests)
+    assert main(argv) == 0  # all played: no engine, no request
+    assert calls == ["start", "stop"] and len(server.requests) == n
 
 
 def test_results_compare_policies_with_gee(tmp_path) -> None:
