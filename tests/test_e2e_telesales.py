@@ -69,7 +69,8 @@ def run(tmp_path_factory, judge_server):
         [
             *("--env.name", "telesales", "--env.max_rounds", "2", "--env.num_scenarios", "8"),
             *("--role1.pretrain", model, "--role2.pretrain", model, "--role1.lr", "5e-3", "--role2.lr", "5e-3"),
-            *("--role1.kl_coef", "0", "--role2.kl_coef", "0"),  # no reference models: fewer processes to start
+            # no reference models and no pool engines: fewer processes to start
+            *("--role1.kl_coef", "0", "--role2.kl_coef", "0", "--pool.probs", "[1.0,0,0]"),
             *("--judge.base_url", judge_server.base_url, "--judge.model", "judge", "--judge.max_retries", "1"),
             *("--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "16"),
             *("--rollout.max_len", "1800", "--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2"),

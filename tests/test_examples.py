@@ -109,6 +109,7 @@ def test_price_negotiation_trains_one_iteration(tmp_path, monkeypatch):
             *("--env.name", "price_negotiation:PriceNegotiation", "--env.max_rounds", "2", "--env.num_scenarios", "8"),
             *("--role1.pretrain", model, "--role2.pretrain", model, "--role1.reward_fn", "test_examples:text_hash"),
             *("--role2.reward_fn", "test_examples:text_hash", "--role1.kl_coef", "0", "--role2.kl_coef", "0"),
+            *("--pool.probs", "[1.0,0,0]"),  # no reference models, no pool engines: fewer processes to start
             # G = 4: openers alternate within a group, so each role opens (and surely acts) in two of its four calls
             *("--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "4", "--rollout.max_new_tokens", "8"),
             *("--rollout.max_len", "256", "--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2"),
