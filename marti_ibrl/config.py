@@ -60,6 +60,10 @@ class RoleConfig:
     """Nodes of the role's DeepSpeed actor group."""
     num_gpus_per_node: int = 1
     """Training ranks per node for the role's actor (and reference) group."""
+    colocate_ref: bool = False
+    """The reference model shares the actor's GPUs (one placement group, one GPU per rank, as OpenRLHF's
+    ``--colocate_actor_ref``): saves ``num_nodes × num_gpus_per_node`` GPUs; both must fit in one GPU's memory
+    (``marti-ibrl plan``). The reference only runs in the experience pass, never during the update."""
     gpu_memory_utilization: float = 0.5
     """vLLM KV-cache budget per engine (GPU only)."""
 
@@ -435,6 +439,9 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
         need(role.lr > 0, f"{p}.lr", "must be > 0")
         need(role.update_every >= 1, f"{p}.update_every", "must be >= 1")
         need(role.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
+        need(
+            not role.colocate_ref or role.kl_coef > 0, f"{p}.colocate_ref", "no reference model to colocate (kl_coef 0)"
+        )
         need(role.entropy_coef >= 0, f"{p}.entropy_coef", "must be >= 0")
         need(0 < role.eps_clip < 1, f"{p}.eps_clip", "must be in (0, 1)")
         need(role.advantage_estimator in ESTIMATORS, f"{p}.advantage_estimator", f"must be one of {ESTIMATORS}")

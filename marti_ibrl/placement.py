@@ -8,11 +8,12 @@ the order :meth:`RoleStack.start <marti_ibrl.backend.openrlhf_glue.RoleStack.sta
 * ``pool engines``: ``pool.num_engines`` more of the same size serving the role's historical checkpoints (Eq. 6),
   only when opponent pools are on (:func:`uses_pool`);
 * ``actor``: ``roleN.num_nodes × roleN.num_gpus_per_node`` DeepSpeed ranks, one GPU each;
-* ``reference``: as many ranks again, holding π_ref of Eq. 5, only when ``roleN.kl_coef > 0`` (:func:`has_reference`).
+* ``reference``: as many ranks again, holding π_ref of Eq. 5, only when ``roleN.kl_coef > 0`` (:func:`has_reference`);
+  with ``roleN.colocate_ref`` they share the actor's GPUs (0 GPUs of their own).
 
 Per frozen role (unilateral baselines), each ``checkpoint:`` counterpart gets ``roleN.num_engines`` engines of
-``roleN.tensor_parallel_size`` GPUs. Every component has GPUs of its own: nothing is colocated (OpenRLHF creates
-each group's placement group itself; no shared placement group, no vLLM sleep). The trainer resolves ``--ablation``
+``roleN.tensor_parallel_size`` GPUs. Apart from a colocated reference, every component has GPUs of its own (no vLLM
+sleep / hybrid engine). The trainer resolves ``--ablation``
 first (``no_stabilization`` turns the pools off), so :func:`placement` does too.
 """
 
@@ -78,8 +79,8 @@ def placement(cfg: Config) -> list[Component]:
             out.append(Component(role.name, POOL_ENGINES, role.pretrain, cfg.pool.num_engines, tp))
         ranks = role.num_nodes * role.num_gpus_per_node
         out.append(Component(role.name, ACTOR, role.pretrain, ranks, 1))
-        if has_reference(role):
-            out.append(Component(role.name, REFERENCE, role.pretrain, ranks, 1))
+        if has_reference(role):  # colocated: on the actor's GPUs, none of its own
+            out.append(Component(role.name, REFERENCE, role.pretrain, ranks, 0 if role.colocate_ref else 1))
     return out
 
 

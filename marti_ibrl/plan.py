@@ -248,7 +248,19 @@ def usage(cfg: Config, c: Component, m: ModelSpec, gpu_memory: int) -> Usage:
         if stage == 3:
             u.parts["ZeRO-3 gathers"] = 2 * m.largest_tensor * w
         update = _activations(cfg, m, role, update=True) if c.kind == ACTOR else 0
-        u.parts["activations"] = max(update, _activations(cfg, m, role, update=False))
+        logprobs = _activations(cfg, m, role, update=False)
+        if c.kind == REFERENCE and role.colocate_ref:
+            u.parts, u.note = {}, "on the actor's GPUs (counted there)"
+            return u
+        if c.kind == ACTOR and role.colocate_ref and role.kl_coef > 0:
+            # the reference's process shares these GPUs; its log-prob pass runs beside the actor's, not the update
+            u.parts["reference weights"] = m.params * w // (ranks if stage == 3 else 1)
+            if stage == 3:
+                u.parts["reference gathers"] = 2 * m.largest_tensor * w
+            u.parts["activations"] = max(update, 2 * logprobs)
+            u.parts["overhead"] = 2 * PROCESS_OVERHEAD
+            return u
+        u.parts["activations"] = max(update, logprobs)
         u.parts["overhead"] = PROCESS_OVERHEAD
         return u
     tp = c.gpus_each
@@ -397,7 +409,7 @@ def format_plan(p: Plan) -> str:
             if c.kind not in (ACTOR, REFERENCE)
             else f"{c.count} rank{'s' * (c.count != 1)}"
         )
-        mem = f"{_gib(u.total)} = {_parts(u)}" if gpu else "-"
+        mem = f"{_gib(u.total)} = {_parts(u)}" if gpu and u.parts else "-"
         if u.note:
             mem += f"; {u.note}"
         lines.append(f"{c.role:<10} {c.kind:<14} {procs:<12} {c.gpus:>4}  {mem}")

@@ -56,16 +56,18 @@ def run(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("e2e")
     model = build_tiny_dond_model(tmp / "tiny")
-    cfg = load_config([*tiny_flags(model, tmp / "run", 3), "--role2.update_every", "2"])
+    # role1's reference shares its actor's device (--role1.colocate_ref): one slot less than otherwise
+    cfg = load_config([*tiny_flags(model, tmp / "run", 3), "--role2.update_every", "2", "--role1.colocate_ref", "true"])
     trainer = IBRLTrainer(cfg)
+    slots = ray.cluster_resources()["GPU"]
     history = trainer.fit()
     digests = {r: (s.weights_digest(), s.engine_digests()) for r, s in trainer.stacks.items()}
     ray.shutdown()
-    return tmp, history, digests
+    return tmp, history, digests, (cfg, slots)
 
 
 def test_schedule_gates_updates(run):
-    _, history, _ = run
+    _, history, _, _ = run
     assert [m["agent1/updated"] for m in history] == [1.0, 1.0, 1.0]
     assert [m["agent2/updated"] for m in history] == [0.0, 1.0, 0.0]
     assert all("agent1/policy_loss" in m for m in history)
@@ -74,7 +76,7 @@ def test_schedule_gates_updates(run):
 
 
 def test_weights_change_only_when_due(run):
-    tmp, _, _ = run
+    tmp, _, _, _ = run
     init = {k: v.to(torch.bfloat16).float() for k, v in _weights(tmp / "tiny").items()}
     step = {
         (role, k): _weights(tmp / "run" / role / "ckpt" / f"global_step{k}_hf")
@@ -95,14 +97,14 @@ def test_weights_change_only_when_due(run):
 
 
 def test_engines_hold_latest_weights(run):
-    _, _, digests = run
+    _, _, digests, _ = run
     for role, (actor, engines) in digests.items():
         assert engines and all(e == actor for e in engines), role
     assert digests["agent1"][0] != digests["agent2"][0]
 
 
 def test_checkpoints_written(run):
-    tmp, _, _ = run
+    tmp, _, _, _ = run
     for role in ("agent1", "agent2"):
         actor_dir = tmp / "run" / role / "ckpt" / "_actor"
         assert sorted(p.name for p in actor_dir.iterdir() if p.is_dir()) == [
@@ -115,3 +117,16 @@ def test_checkpoints_written(run):
     state = json.loads((tmp / "run" / "trainer_state.json").read_text())
     assert state["iteration"] == 3 and len(state["history"]) == 3
     assert any((tmp / "run" / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+def test_colocated_reference_takes_no_device_of_its_own(run):
+    import copy
+
+    from marti_ibrl.placement import device_slots
+
+    _, history, _, (cfg, slots) = run
+    apart = copy.deepcopy(cfg)
+    apart.roles[0].colocate_ref = False
+    # per role: actor 1 + reference 1 + engine 1 + pool engine 1; role1's reference on its actor's slot
+    assert slots == device_slots(cfg) == device_slots(apart) - 1 == 7
+    assert all("agent1/policy_loss" in m for m in history)  # ... and role1 trained with it (KL on: reference used)

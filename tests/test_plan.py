@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from marti_ibrl.cli import main as cli_main
-from marti_ibrl.config import load_config
+from marti_ibrl.config import ConfigError, load_config
 from marti_ibrl.placement import device_slots, placement
 from marti_ibrl.plan import MODEL_TABLE, PROCESS_OVERHEAD, VLLM_RUNTIME, GiB, make_plan, model_spec
 
@@ -166,6 +166,25 @@ def test_hand_computed_placement_and_memory(tmp_path):
     assert engine.parts == {"weights": 276608, "runtime": 2 * GiB, "KV cache": kv}
     assert engine.sequences == kv // (256 * 256)
     assert engine.total == 40 * GiB
+
+    # --role1.colocate_ref: the reference's 2 ranks move onto the actor's 2 GPUs (11 -> 9); those GPUs then hold
+    # the reference's weights and process too, and the two log-prob passes that run side by side
+    cfg.roles[0].colocate_ref = True
+    plan = make_plan(cfg, nodes=2, gpus_per_node=8, gpu_memory_gib=80)
+    assert [(c.kind, c.gpus) for c in placement(cfg) if c.role == "agent1"][2:] == [("actor", 2), ("reference", 0)]
+    assert plan.total_gpus == 9 and plan.problems == []
+    actor, ref = (u for u in plan.usages if u.component.role == "agent1" and u.component.kind in ("actor", "reference"))
+    assert actor.parts == {
+        "weights": 276608,
+        "gradients": 138304,
+        "Adam states": 829824,
+        "reference weights": 276608,
+        "activations": 2 * 7979008,
+        "overhead": 2 * PROCESS_OVERHEAD,
+    }
+    assert ref.parts == {} and "on the actor's GPUs" in ref.note
+    with pytest.raises(ConfigError, match=r"^--role2\.colocate_ref: no reference model to colocate \(kl_coef 0\)"):
+        load_config([*(f"--role{i}.pretrain={m}" for i in (1, 2)), "--role2.kl_coef", "0", "--role2.colocate_ref"])
 
 
 def test_does_not_fit_exits_2_with_one_message(checkpoints, tmp_path, capsys):

@@ -318,10 +318,19 @@ class RoleStack:
         pool_engines = []
         if uses_pool(cfg):
             pool_engines = start_engines(cfg, role, role.pretrain, seed + 500, device, cfg.pool.num_engines)
-        actor = RayActorGroup(role.num_nodes, role.num_gpus_per_node, RolePolicyActor, pg=None, num_gpus_per_actor=1)
+        pg, share = None, 1
+        if has_reference(role) and role.colocate_ref:  # one GPU per rank, half to the actor, half to the reference
+            from ray.util.placement_group import placement_group
+
+            pg = placement_group([{"GPU": 1, "CPU": 1}] * (role.num_nodes * role.num_gpus_per_node), strategy="PACK")
+            ray.get(pg.ready())
+            share = 0.5
+        actor = RayActorGroup(role.num_nodes, role.num_gpus_per_node, RolePolicyActor, pg=pg, num_gpus_per_actor=share)
         ref = None
         if has_reference(role):
-            ref = RayActorGroup(role.num_nodes, role.num_gpus_per_node, ReferenceModelActor, pg=None)
+            ref = RayActorGroup(
+                role.num_nodes, role.num_gpus_per_node, ReferenceModelActor, pg=pg, num_gpus_per_actor=share
+            )
         tokenizer = AutoTokenizer.from_pretrained(role.pretrain)
         maker = IsolatedExperienceMaker(actor, None, None, ref, FixedKLController(0.0), strategy, tokenizer)
         return cls(role, args, strategy, engines, actor, ref, maker, tokenizer, pool_engines)
