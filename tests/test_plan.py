@@ -196,7 +196,9 @@ def test_does_not_fit_exits_2_with_one_message(checkpoints, tmp_path, capsys):
     assert "GiB per GPU > 80.0 GiB" in err[0] and "try --ds.zero_stage 3" in err[0]
     assert cli_main(["plan", *flags, "--nodes", "4", "--role1.num_gpus_per_node", "8"]) == 2
     err = capsys.readouterr().err
-    assert "does not fit: the job needs 40 GPUs, the allocation has 4 × 8 = 32" in err
+    assert (
+        "does not fit: the job needs 36 GPUs, the allocation has 4 × 8 = 32" in err
+    )  # +4 actor ranks (reference colocated)
     assert cli_main(["plan", *flags, "--nodes", "4", "--gpu-memory", "20"]) == 2  # 0.85 x 20 GiB < 9B weights
     assert "agent1 engines: 0.85 × 20.0 GiB leaves no KV cache for one 4096-token sequence" in capsys.readouterr().err
 
@@ -209,7 +211,7 @@ def test_plan_without_checkpoints_sizes_by_name_unless_strict(tmp_path, capsys):
     assert "qwen3.5-4b (built-in table, assumed; from the checkpoint name)" in out
     assert "qwen3.5-4b (built-in table, assumed; from the recipe name)" in out
     assert "not checked here (assumed present where train runs; --strict checks them): /nowhere/Qwen3.5-4B" in out
-    assert cli_main(["plan", *flags, "--nodes", "4", "--model-config", "qwen3.5-9b"]) == 0
+    assert cli_main(["plan", *flags, "--nodes", "4", "--model-config", "qwen3.5-9b", "--ds.zero_stage", "3"]) == 0
     assert "8.95B params" in capsys.readouterr().out
     assert cli_main(["plan", *flags, "--strict"]) == 2
     assert "--role1.pretrain: not a directory: /nowhere/Qwen3.5-4B" in capsys.readouterr().err
