@@ -89,6 +89,17 @@ def members(trajectories: Sequence[Trajectory], role: str, needed: Sequence[str]
     ]
 
 
+def report_reward_failures(k: int, trajectories: Sequence[Trajectory], roles: Sequence[str]) -> None:
+    """One console line per role with dialogues whose reward could not be computed (left out of its groups)."""
+    for r in roles:
+        reasons = [t.reward_failures[r] for t in trajectories if r in t.reward_failures]
+        if reasons:
+            tqdm.write(
+                f"iteration {k}: {len(reasons)} of {len(trajectories)} dialogues have no {r} reward and are left out "
+                f"of its groups (first reason: {reasons[0]})"
+            )
+
+
 def role_samples(scored: Sequence[tuple[Trajectory, float]], role: str, max_len: int) -> list:
     """The role's OpenRLHF experiences: its own rendering and mask m_i, its training reward, group (role, q)."""
     samples = []
@@ -216,6 +227,7 @@ class IBRLTrainer:
         with timer("snapshot_wait"):  # the previous iteration's exports ran alongside the rollout
             self.finish_snapshots()
         scored = self.training_rewards(trajectories)  # Eq. 4 membership; R_i (or an ablation's reward)
+        report_reward_failures(k, trajectories, self.roles)  # e.g. a failed judgement: out of that role's groups
         schedule = roles_due(k, {r.name: r.update_every for r in cfg.roles if not r.frozen})  # u_i(k), §4.2
         due = [r for r in schedule if scored[r]]  # a role facing nobody as its current self has nothing to learn
         with timer("experience"), ThreadPoolExecutor(max(1, len(due))) as pool:  # per-role masks m_i, Eq. 4
@@ -322,12 +334,6 @@ class IBRLTrainer:
         bar = tqdm(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
         for k in bar:
             metrics = self.iteration(k)
-            for r in self.roles:
-                if metrics[f"{r}/reward_failed"]:
-                    bar.write(
-                        f"iteration {k}: {metrics[f'{r}/reward_failed']:.0%} of the dialogues have no {r} reward "
-                        "(left out of its groups; reasons in the log above)"
-                    )
             self.history.append(metrics)
             self.logger.log_train(k, metrics)
             bar.set_postfix({f"{r}/reward": f"{metrics[f'{r}/reward']:.2f}" for r in self.roles})

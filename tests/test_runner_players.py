@@ -245,10 +245,10 @@ def test_a_failed_text_turn_ends_only_that_dialogue(env, tok, no_ray) -> None:
     assert sum(t.failed for t in trajs) == N_SAMPLES
 
 
-def test_an_unavailable_reward_leaves_only_that_roles_group(env, tok, no_ray) -> None:
+def test_an_unavailable_reward_leaves_only_that_roles_group(env, tok, no_ray, capsys) -> None:
     from marti_ibrl.algorithm.ablations import rewards_needed
     from marti_ibrl.rewards import RewardUnavailable
-    from marti_ibrl.trainer import members
+    from marti_ibrl.trainer import members, report_reward_failures
 
     def judged(traj, role, scenario) -> float:  # a remote reward that is down for scenario s1
         if traj.scenario_uid == "s1":
@@ -269,6 +269,11 @@ def test_an_unavailable_reward_leaves_only_that_roles_group(env, tok, no_ray) ->
         "none", "agent2", ROLES
     ) == ["agent2"]
     assert members(trajs, "agent1", rewards_needed("shared_reward", "agent1", ROLES)) == members(trajs, "agent1")
+    report_reward_failures(7, trajs, ROLES)  # the trainer's console line, once per role with failures
+    assert capsys.readouterr().out == (
+        f"iteration 7: {N_SAMPLES} of {len(trajs)} dialogues have no agent1 reward and are left out of its groups "
+        "(first reason: http_5xx: judge endpoint down after 3 retries)\n"
+    )
 
 
 def _signature(trajs: list[Trajectory]) -> list:
