@@ -54,6 +54,32 @@ def test_multi_turn_sessions_reuse_cache_and_logprobs_match_a_full_forward(engin
         assert torch.allclose(got[mask], ref[mask], atol=1e-4), (got[mask] - ref[mask]).abs().max()
 
 
+def test_a_new_dialogue_in_a_cached_batch_is_prefilled_on_its_own(engine):
+    env = DondEnv(prompt_style="compact")
+    views = [RoleView(engine.tokenizer, env.system_prompt(s, "agent1")) for s in generate_scenarios(5, 7)]
+    sessions = ["a", "b", "c", "d", "e"]
+    engine.sessions.clear()
+    for view, out in zip(views, engine.generate_batch([v.generation_prompt() for v in views[:4]], SAMPLING, sessions)):
+        view.add_own(out["token_ids"], out["logprobs"], finished=out["finish_reason"] == "stop")
+        view.add_counterpart("counter offer <try> item0=1 item1=0 item2=1 <try>")
+    prompts = [v.generation_prompt() for v in views]
+    suffix = max(len(p) - len(engine.sessions[s][0]) for p, s in zip(prompts[:4], sessions))
+    before = engine.stats["computed_tokens"]
+    outs = engine.generate_batch(prompts, SAMPLING, sessions)
+    computed = engine.stats["computed_tokens"] - before
+    # the new dialogue's prompt once (all but the token generate feeds), then every row only the longest new suffix
+    assert computed == len(prompts[4]) - 1 + 5 * suffix
+    assert computed < 5 * len(prompts[4]) / 2  # without the prefill every row would compute the whole new prompt
+    for view, out in zip(views, outs):
+        view.add_own(out["token_ids"], out["logprobs"], finished=out["finish_reason"] == "stop")
+        ref, got, mask = (
+            _forward_logprobs(engine.model, view.ids),
+            torch.tensor(view.logprobs[1:]),
+            view.action_mask()[1:],
+        )
+        assert torch.allclose(got[mask], ref[mask], atol=1e-4), (got[mask] - ref[mask]).abs().max()
+
+
 def test_weight_update_clears_the_cache(engine):
     view = RoleView(engine.tokenizer, "system")
     engine.generate_batch([view.generation_prompt()], SAMPLING, ["s"])
@@ -69,3 +95,5 @@ def test_prompt_that_does_not_extend_the_session_is_recomputed(engine):
     engine.generate_batch([a], SAMPLING, ["x"])
     assert engine._cached_len(b, "x") == 0
     assert engine._cached_len(a + [5, 6], "x") in (0, len(engine.sessions["x"][0]))
+    engine.end_sessions(["x", "never-seen"])  # the runner ends a dialogue's caches; unknown ids are ignored
+    assert "x" not in engine.sessions and engine._cached_len(a + [5, 6], "x") == 0

@@ -58,10 +58,15 @@ def _fake_engine_class():
             self.im_start_id = im_start_id
             self.batch_sizes = []
             self.seen = {}  # prompt -> how often it was asked for
+            self.asked, self.ended = set(), []  # session ids generated for / ended by the runner
+
+        def end_sessions(self, session_ids):
+            self.ended += session_ids
 
         def generate_batch(self, prompts, sampling, session_ids=None):
             assert sampling["max_new_tokens"] == 16
             self.batch_sizes.append(len(prompts))
+            self.asked.update(session_ids)
             out = []
             for prompt in prompts:
                 key = tuple(prompt)
@@ -83,6 +88,9 @@ def _fake_engine_class():
 
         def stats(self):
             return self.batch_sizes, self.seen
+
+        def sessions(self):
+            return self.asked, self.ended
 
     return FakeEngine
 
@@ -131,6 +139,7 @@ def rollout(tok, ray_local):
     policies = {role: Policy("current", [engines[role]], tok) for role in ROLES}
     trajs = runner.run([(uid, s) for uid, s, _ in SCENARIOS], n_samples=2, policies=policies)
     stats = {role: ray.get(engines[role].stats.remote()) for role in ROLES}
+    stats["sessions"] = {role: ray.get(engines[role].sessions.remote()) for role in ROLES}
     return env, trajs, stats
 
 
@@ -148,6 +157,15 @@ def test_every_dialogue_is_returned_sorted_with_alternating_seats(rollout) -> No
         assert t.policies == {"agent1": "current", "agent2": "current"}
         assert [turn.role for turn in t.turns] == [t.seats[k % 2] for k in range(len(t.turns))]
     assert seats_for(ROLES, 0, 0) == ["agent1", "agent2"] and seats_for(ROLES, 1, 2) == ["agent2", "agent1"]
+
+
+def test_every_prefix_cache_is_ended_once_with_its_dialogue(rollout) -> None:
+    _, trajs, stats = rollout
+    for role in ROLES:
+        asked, ended = stats["sessions"][role]
+        # one cache per dialogue and seat, each dropped once when its dialogue ended (engines keep nothing after)
+        assert len(asked) == len(trajs) and all(key.endswith(f"/{role}") for key in asked)
+        assert sorted(ended) == sorted(asked)
 
 
 def test_scripted_deal_gives_the_utilities(rollout) -> None:

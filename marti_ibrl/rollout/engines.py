@@ -4,8 +4,9 @@ Protocol (Ray actor methods)::
 
     generate_batch(prompts: list[list[int]], sampling: dict, session_ids: list[str] | None = None) -> list[dict]
         # each result: {"token_ids": [...], "logprobs": [...], "finish_reason": "stop" | "length"}
-        # session_ids: one per prompt (a dialogue's id): a prompt extending the session's previous prompt +
+        # session_ids: one per prompt (a dialogue seat's id): a prompt extending the session's previous prompt +
         # generation reuses its KV cache (prefix caching; vLLM does it by content and ignores them).
+    end_sessions(session_ids)                    # optional: the runner's dialogues that ended (drop their caches)
         # sampling: {"temperature", "top_p", "max_new_tokens", optional "seed"}; logprobs are log π(w) of the
         # temperature-scaled policy, the same quantity OpenRLHF's Actor computes for training. With a seed,
         # the same prompts give the same samples (a resumed run replays its rollouts).
@@ -58,7 +59,8 @@ class HFGenerateEngine:
         # KV covers, per-layer (K, V) of shape (heads, len, dim)). Cleared whenever the weights change.
         self.sessions: OrderedDict[str, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = OrderedDict()
         self.max_sessions = max_sessions
-        self.stats = {"prompt_tokens": 0, "cached_tokens": 0}
+        # prompt tokens seen, of those served from a session's cache, and prompt positions run through the model
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "computed_tokens": 0}
 
     def _cached_len(self, prompt: list[int], sid: str | None) -> int:
         """How many leading tokens of ``prompt`` the session's cache covers (0 without a usable cache)."""
@@ -85,6 +87,7 @@ class HFGenerateEngine:
             attn[i, width - len(p) :] = 1
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["cached_tokens"] += sum(use)
+        self.stats["computed_tokens"] += len(prompts) * suffix
         if past == 0:
             return ids, attn, None
         layers = []
@@ -98,6 +101,43 @@ class HFGenerateEngine:
                     k[i, :, past - u :], v[i, :, past - u :] = ks[:, :u], vs[:, :u]
             layers.append((k, v))
         return ids, attn, DynamicCache(ddp_cache_data=layers)
+
+    def end_sessions(self, session_ids: list[str]) -> None:
+        """Forget the prefix caches of dialogues that ended (the runner sends them as dialogues finish)."""
+        for sid in session_ids:
+            self.sessions.pop(sid, None)
+
+    def _prefill_new_sessions(self, prompts: list[list[int]], session_ids: list[str | None]) -> None:
+        """Cache the prompts of rows that extend no session (a dialogue's first turn, a re-sample) on their own.
+
+        The batch computes its longest uncached suffix for every row, so one new dialogue in a batch of cached ones
+        (the usual case once finished dialogues are replaced, or when the seat that opens alternates) would make
+        every row recompute a whole prompt. Run apart, the new rows cost their own tokens and the batch only the
+        short suffixes. Nothing to gain when no row is cached.
+        """
+        fresh = [
+            i
+            for i, (p, sid) in enumerate(zip(prompts, session_ids))
+            if sid is not None and len(p) > 1 and self._cached_len(p, sid) == 0
+        ]
+        if not fresh or len(fresh) == len(prompts):
+            return
+        rows = [prompts[i][:-1] for i in fresh]  # the last token is fed by generate, as for a cached session
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for r, row in enumerate(rows):
+            ids[r, width - len(row) :] = torch.tensor(row)
+            attn[r, width - len(row) :] = 1
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded rows
+        cache = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True).past_key_values
+        self.stats["computed_tokens"] += ids.numel()
+        for r, (i, row) in enumerate(zip(fresh, rows)):
+            lo = width - len(row)
+            self.sessions[session_ids[i]] = (
+                list(row),
+                [(k[r, :, lo:].clone(), v[r, :, lo:].clone()) for k, v, *_ in cache],
+            )
 
     def _store(self, sessions, prompts, outputs, cache, width: int) -> None:
         """Keep each session's KV for prompt + generated tokens (all but the last, which was never fed)."""
@@ -117,6 +157,7 @@ class HFGenerateEngine:
         if not prompts:
             return []
         session_ids = list(session_ids) if session_ids is not None else [None] * len(prompts)
+        self._prefill_new_sessions(prompts, session_ids)
         ids, attn, cache = self._batch(prompts, session_ids)
         if sampling.get("seed") is not None:
             torch.manual_seed(int(sampling["seed"]))

@@ -71,6 +71,11 @@ class _Live:
     attempts: int = 0
 
 
+def _cache_key(item: _Live, role: str) -> str:
+    """An engine's prefix-cache key: one per dialogue and seat (a policy in both seats sees two different views)."""
+    return f"{item.session}/{role}"
+
+
 def seats_for(roles: Sequence[str], scenario_index: int, sample_index: int) -> list[str]:
     """Seat order of a dialogue: rotate the roles so openers alternate across a batch."""
     shift = (scenario_index + sample_index) % len(roles)
@@ -158,7 +163,7 @@ class DialogueRunner:
                 if not live:
                     break
                 batches = self._dispatch(live, players, seed, turn)
-                still_live = []
+                still_live, ended = [], []
                 for (role, _), (items, refs) in batches.items():
                     if isinstance(refs, Future):
                         outputs = refs.result()
@@ -168,10 +173,12 @@ class DialogueRunner:
                         if self._apply(item, role, out):
                             still_live.append(item)
                         else:
+                            ended.append(item)
                             done.append(item.traj)
                             scoring.append((item.traj, self._score_async(pool, item.traj)))
                             bar.update(1)
                 live = still_live
+                self._end_sessions(ended)
             for traj, futures in scoring:
                 for role, future in futures.items():
                     try:
@@ -212,10 +219,25 @@ class DialogueRunner:
                 prompts = [item.traj.views[role].generation_prompt() for item in shard]
                 call_seed = zlib.crc32(f"{seed}/{turn}/{role}/{name}/{e}".encode())
                 sampling = {**self.sampling, "seed": call_seed}
-                refs.append(engines[e].generate_batch.remote(prompts, sampling, [i.session for i in shard]))
+                sessions = [_cache_key(i, role) for i in shard]
+                refs.append(engines[e].generate_batch.remote(prompts, sampling, sessions))
                 ordered += shard
             batches[role, name] = (ordered, refs)
         return batches
+
+    @staticmethod
+    def _end_sessions(ended: list[_Live]) -> None:
+        """Tell each engine which of its prefix caches belong to dialogues that just ended (engines that keep no
+        cache, like vLLM's content-addressed one, may lack ``end_sessions``); fire and forget."""
+        per_engine: dict[int, tuple[Any, list[str]]] = {}
+        for item in ended:
+            for role, policy in item.policies.items():
+                if policy.engines:
+                    engine = policy.engines[int(item.session, 16) % len(policy.engines)]
+                    per_engine.setdefault(id(engine), (engine, []))[1].append(_cache_key(item, role))
+        for engine, keys in per_engine.values():
+            if hasattr(engine, "end_sessions"):
+                engine.end_sessions.remote(keys)
 
     def _apply(self, item: _Live, role: str, out: dict | str | None) -> bool:
         """Feed one turn (engine output, or a player's text) to the env and the views; False when it ended."""
