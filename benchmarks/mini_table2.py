@@ -252,7 +252,7 @@ def eval_commands(out: Path, profile: Profile, table: dict[str, Arm], sft: str, 
     common = [sys.executable, "-m", "marti_ibrl.cli", "eval", "--seed", str(seed)]
     common += ["--prompt-style", env["prompt_style"], "--max-rounds", str(env["max_rounds"])]
     common += ["--bot-speech", env["bot_speech"], "--max-new-tokens", str(env["max_new_tokens"])]
-    common += ["--max-len", str(env["max_len"]), "--num-engines", "2", "--batch", "128"]  # one engine per core
+    common += ["--max-len", str(env["max_len"]), "--num-engines", "2", "--batch", "1024"]  # one engine per core
     common += ["--show-complement"] if env["show_complement"] else []
     policies = []
     for name in profile.arms:

@@ -166,6 +166,92 @@ def test_self_play_and_name_clash(env, tmp_path):
         ev.policy(Named("ckpt", "checkpoint:/nowhere"))
 
 
+# -- one stream per policy, mirrored cross-play ---------------------------------------------------------------------
+
+
+class BatchSpy:
+    """Wraps a text player: records, per call, the counterparts of the dialogues it was asked to answer in."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+        self.calls: list[set[str]] = []
+
+    def respond(self, env, role, trajectories):
+        self.calls.append({next(n for r, n in t.policies.items() if r != role) for t in trajectories})
+        return self.inner.respond(env, role, trajectories)
+
+
+def by_id(episodes: list[dict]) -> list[dict]:
+    return sorted(episodes, key=lambda e: e["episode_id"])
+
+
+def test_run_pairs_one_stream_equals_separate_pairs(env, tmp_path):
+    sc = scenarios(6)
+    spy = BatchSpy(players.make_player({"kind": "bot", "name": "greedy"}))
+    ev = StubEvaluator(env, sc, SAMPLING, max_len=512, stubs={"stub:greedy": spy})
+    counterparts = [HARDLINER, Named("tft", "heldout:tit_for_tat"), Named("self", SELF)]
+    files = [tmp_path / f"greedy__{c.name}.jsonl" for c in counterparts]
+    streamed = ev.run_pairs(Named("greedy", "stub:greedy"), list(zip(counterparts, files)), progress=False)
+
+    assert [len(eps) for eps in streamed] == [12, 12, 12]
+    assert [read_episodes(f) for f in files] == streamed
+    # the policy's turns against all three counterparts went out together (one batch per turn, not per pair)
+    assert {"hardliner", "tft", "greedy"} in spy.calls
+    for c, eps in zip(counterparts, streamed):
+        alone = Evaluator(env, sc, SAMPLING, max_len=512).run_pair(GREEDY, c, tmp_path / "alone.jsonl", progress=False)
+        assert by_id(eps) == by_id(alone), c  # bots are deterministic: the same games as pair by pair
+        (tmp_path / "alone.jsonl").unlink()
+    with pytest.raises(ValueError, match="both named 'x'"):  # two counterparts of one stream under one name
+        ev.run_pairs(GREEDY, [(Named("x", "bot:fair"), tmp_path / "a"), (Named("x", "bot:stubborn"), tmp_path / "b")])
+
+
+def test_mirror_pair_equals_playing_the_reverse(env, tmp_path):
+    sc = scenarios(8)
+    ev = Evaluator(env, sc, SAMPLING, max_len=512)
+    played = ev.run_pair(GREEDY, Named("policy:hardliner", "heldout:hardliner"), tmp_path / "ab.jsonl", progress=False)
+    mirrored = ev.mirror_pair(tmp_path / "ab.jsonl", "hardliner", "policy:greedy", tmp_path / "ba.jsonl")
+    assert read_episodes(tmp_path / "ba.jsonl") == mirrored
+    assert [e["mirror_of"] for e in mirrored] == [e["episode_id"] for e in played]
+
+    reverse = Named("hardliner", "heldout:hardliner")
+    really = Evaluator(env, sc, SAMPLING, max_len=512).run_pair(
+        reverse, Named("policy:greedy", "bot:greedy"), tmp_path / "ba-played.jsonl", progress=False
+    )
+    for e in mirrored:
+        assert e["policies"] == {
+            e["policy_role"]: "hardliner",
+            next(r for r in ROLES if r != e["policy_role"]): "policy:greedy",
+        }
+    games = ("mirror_of", "policies")  # who played is named by the pair; the games themselves must be identical
+    assert by_id([{k: v for k, v in e.items() if k not in games} for e in mirrored]) == by_id(
+        [{k: v for k, v in e.items() if k not in games} for e in really]
+    )
+    # seen from the other seat: the same deals, the other side's utility
+    mine, theirs = summarize_seat_averaged(mirrored)["averaged"], summarize_seat_averaged(played)["averaged"]
+    assert mine["agreement"] == theirs["agreement"] and mine["joint_value"] == theirs["joint_value"]
+    assert mine["own_utility"] != theirs["own_utility"]
+
+
+def test_play_cross_play_once_per_unordered_pair(env, tmp_path):
+    from marti_ibrl.eval.command import play
+
+    policies = [GREEDY, Named("fair", "bot:fair"), Named("hl", "heldout:hardliner")]
+    pairs = []
+    for p in policies:
+        pairs.append((p, Named("self", SELF), "self-play"))
+        pairs += [(p, Named(f"policy:{q.name}", q.spec), "cross-play") for q in policies if q is not p]
+    ev = Evaluator(env, scenarios(4), SAMPLING, max_len=512)
+    results = play(ev, pairs, tmp_path)
+
+    assert [(r["policy"], r["counterpart"], r["kind"]) for r in results] == [(p.name, c.name, k) for p, c, k in pairs]
+    mirrored = {r["file"] for r in results if all("mirror_of" in e for e in read_episodes(tmp_path / r["file"]))}
+    assert mirrored == {"fair__policy-greedy.jsonl", "hl__policy-greedy.jsonl", "hl__policy-fair.jsonl"}
+    for r in results:
+        eps = read_episodes(tmp_path / r["file"])
+        assert len(eps) == 8 and {e["policy"] for e in eps} == {r["policy"]}, r
+        assert r["file"] in mirrored or not any("mirror_of" in e for e in eps)
+
+
 # -- resume ----------------------------------------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ report`` turns them into ``report.md`` with statistics and figures.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -158,17 +159,41 @@ def cmd_eval(args) -> int:
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
     ev = Evaluator(env, scenarios, sampling, args.max_len, 2, engines, seed=args.seed, chunk=args.batch)
     out = Path(args.out)
-    results = []
     try:
-        for policy, counterpart, kind in pairs:
-            path = out / "episodes" / episodes_file(policy, counterpart)
-            ev.run_pair(policy, counterpart, path, samples=args.samples)
-            results.append({"policy": policy.name, "counterpart": counterpart.name, "kind": kind, "file": path.name})
+        results = play(ev, pairs, out / "episodes", samples=args.samples)
     finally:
         ev.close()
     (out / "pairs.json").write_text(json.dumps(results, indent=1))
     print(write_tables(out))
     return 0
+
+
+def play(ev, pairs: list[tuple], episodes: Path, samples: int = 1) -> list[dict]:
+    """Play every (policy, counterpart, kind) of :func:`plan` into ``episodes/``; the ``pairs.json`` entries.
+
+    A policy's pairs are one stream of dialogues (:meth:`Evaluator.run_pairs`: its batches stay full from one
+    counterpart to the next). Cross-play B vs A is not played again once A vs B has been: it is A vs B's games
+    seen from B's seat (:meth:`Evaluator.mirror_pair`).
+    """
+    from marti_ibrl.eval.runner import Named
+
+    policies = {p.name: p for p, _, _ in pairs}
+    crossed: set[tuple[str, str]] = set()  # (policy, other policy): cross-play played
+    results = []
+    for policy, group in itertools.groupby(pairs, key=lambda pair: pair[0]):
+        group = [(c, kind) for _, c, kind in group]
+        others = {c: c.name.removeprefix("policy:") for c, kind in group if kind == "cross-play"}
+        mirror = [c for c, other in others.items() if (other, policy.name) in crossed]
+        ev.run_pairs(policy, [(c, episodes / episodes_file(policy, c)) for c, _ in group if c not in mirror], samples)
+        crossed |= {(policy.name, other) for other in others.values()}
+        for c in mirror:
+            played = episodes_file(policies[others[c]], Named(f"policy:{policy.name}", policy.spec))
+            ev.mirror_pair(episodes / played, policy.name, c.name, episodes / episodes_file(policy, c))
+        results += [
+            {"policy": policy.name, "counterpart": c.name, "kind": kind, "file": episodes_file(policy, c)}
+            for c, kind in group
+        ]
+    return results
 
 
 def _env_and_scenarios(args):

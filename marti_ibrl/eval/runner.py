@@ -102,6 +102,15 @@ def episode_record(traj: Trajectory, policy: str, counterpart: str, policy_role:
     }
 
 
+def mirror_record(rec: dict, policy: str, counterpart: str, roles: Sequence[str]) -> dict:
+    """The same two-role episode seen from the other seat: ``policy`` (the record's counterpart) in the other role."""
+    (other,) = [r for r in roles if r != rec["policy_role"]]
+    mirrored = dict(rec, policy=policy, counterpart=counterpart, policy_role=other, mirror_of=rec["episode_id"])
+    mirrored["policies"] = {other: policy, rec["policy_role"]: counterpart}
+    mirrored["episode_id"] = episode_id(rec["scenario_uid"], other, rec["sample_index"])
+    return mirrored
+
+
 class Evaluator:
     """Plays policies against counterparts on a fixed scenario list; owns the engines it starts."""
 
@@ -165,44 +174,83 @@ class Evaluator:
         self, policy: Named, counterpart: Named, out: Path, samples: int = 1, progress: bool = True
     ) -> list[dict]:
         """Play ``policy`` against ``counterpart`` (``self``: the policy in both seats), appending to ``out``."""
-        out.parent.mkdir(parents=True, exist_ok=True)
-        episodes = read_episodes(out)
-        done = {e["episode_id"] for e in episodes}
-        todo = list(self.work(done, samples))
+        return self.run_pairs(policy, [(counterpart, out)], samples, progress)[0]
+
+    def run_pairs(
+        self, policy: Named, counterparts: Sequence[tuple[Named, Path]], samples: int = 1, progress: bool = True
+    ) -> list[list[dict]]:
+        """Play ``policy`` against every ``(counterpart, file)`` in one stream of dialogues; the episodes per file.
+
+        One stream keeps the policy's batches full across pairs: its turns against every counterpart go to its
+        engines together, and a pair's last long dialogues overlap the next pair's first ones.
+        """
+        played = [read_episodes(out) for _, out in counterparts]
+        done = [{e["episode_id"] for e in episodes} for episodes in played]
+        todo = []  # (pair index, scenario index, uid, scenario, policy_role)
+        for k in range(len(counterparts)):
+            todo += [(k, *item) for item in self.work(done[k], samples)]
         if not todo:  # all played: no engines to start
-            return episodes
+            return played
         p = self.policy(policy)
-        c = p if counterpart.spec == SELF else self.policy(counterpart)
-        if c is not p and c.name == p.name:  # the runner batches turns by policy name: they would be merged
-            raise ValueError(f"{policy.spec} and {counterpart.spec} are both named {p.name!r}; name them apart")
-        bar = tqdm(
-            total=len(todo) * samples, desc=f"{policy.name} vs {counterpart.name}", unit="ep", disable=not progress
-        )
+        opponents = [p if c.spec == SELF else self.policy(c) for c, _ in counterparts]
+        by_name: dict[str, tuple[Policy, str]] = {}
+        for c, spec in [(p, policy.spec), *((c, named.spec) for c, (named, _) in zip(opponents, counterparts))]:
+            seen, seen_spec = by_name.setdefault(c.name, (c, spec))
+            if seen is not c:  # the runner batches turns by policy name: they would be merged
+                raise ValueError(f"{seen_spec} and {spec} are both named {c.name!r}; name them apart")
+        names = [c.name for c, _ in counterparts]
+        what = names[0] if len(names) == 1 else f"{len(names)} counterparts"
+        bar = tqdm(total=len(todo) * samples, desc=f"{policy.name} vs {what}", unit="ep", disable=not progress)
         bar.update(0)
-        with out.open("a") as f:
-            if _ends_mid_line(out):  # killed mid-write: start on a fresh line (the partial one is ignored)
-                f.write("\n")
+        for _, out in counterparts:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        files = [out.open("a") for _, out in counterparts]
+        try:
+            for (_, out), f in zip(counterparts, files):
+                if _ends_mid_line(out):  # killed mid-write: start on a fresh line (the partial one is ignored)
+                    f.write("\n")
             per_run = max(1, self.chunk * self.flush_every // samples)  # scenario-seats per runner call
             for start in range(0, len(todo), per_run):
                 batch = todo[start : start + per_run]
-                scenarios = [(uid, scenario) for _, uid, scenario, _ in batch]
-                seat_policies = [{r: (p if r == role else c) for r in self.roles} for _, _, _, role in batch]
+                scenarios = [(uid, scenario) for _, _, uid, scenario, _ in batch]
+                seat_policies = [{r: (p if r == role else opponents[k]) for r in self.roles} for k, *_, role in batch]
                 # the policy opens in one of its two seats and answers in the other, alternating by scenario
-                seats = [self._seats(si, role) for si, _, _, role in batch]
-                key = f"{self.seed}/{policy.name}/{counterpart.name}/{batch[0][1]}/{batch[0][3]}"
+                seats = [self._seats(si, role) for _, si, _, _, role in batch]
+                k0, _, uid0, _, role0 = batch[0]
+                key = f"{self.seed}/{policy.name}/{names[k0]}/{uid0}/{role0}"
                 seed = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
                 trajs = self.runner.run(scenarios, samples, seat_policies, seed=seed, seats=seats, max_live=self.chunk)
-                for (_, _, _, role), group in zip(batch, _by_scenario(trajs, samples)):
+                for (k, _, _, _, role), group in zip(batch, _by_scenario(trajs, samples)):
                     for t in group:
-                        rec = episode_record(t, policy.name, counterpart.name, role, self.roles)
-                        if rec["episode_id"] in done:
+                        rec = episode_record(t, policy.name, names[k], role, self.roles)
+                        if rec["episode_id"] in done[k]:
                             continue
-                        f.write(json.dumps(rec) + "\n")
-                        episodes.append(rec)
-                f.flush()
+                        files[k].write(json.dumps(rec) + "\n")
+                        played[k].append(rec)
+                for f in files:
+                    f.flush()
                 bar.update(len(batch) * samples)
+        finally:
+            for f in files:
+                f.close()
         bar.close()
-        return episodes
+        return played
+
+    def mirror_pair(self, played: Path, policy: str, counterpart: str, out: Path) -> list[dict]:
+        """``policy`` vs ``counterpart`` read off the episodes of the reverse pair (``played``), without playing.
+
+        Two policies A and B meet in the same games whichever is "the policy": A in seat agent1 against B in
+        agent2 on a scenario is B's agent2 episode of that scenario (the opener depends on the scenario only, see
+        :meth:`_seats`). So B vs A is A vs B's episodes with the policy's seat swapped; ``out`` is rewritten whole,
+        each record marked ``mirror_of`` (the played episode's id).
+        """
+        if len(self.roles) != 2:
+            raise ValueError(f"mirrored pairs need a two-role game, not {self.roles}")
+        records = [mirror_record(e, policy, counterpart, self.roles) for e in read_episodes(played)]
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        tmp.replace(out)
+        return records
 
     def close(self) -> None:
         """Stop every engine this evaluator started and close its text players (endpoint connections)."""
