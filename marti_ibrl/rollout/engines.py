@@ -6,10 +6,10 @@ Protocol (Ray actor methods)::
         # each result: {"token_ids": [...], "logprobs": [...], "finish_reason": "stop" | "length"}
         # session_ids: one per prompt (a dialogue seat's id): a prompt extending the session's previous prompt +
         # generation reuses its KV cache (prefix caching; vLLM does it by content and ignores them).
-    end_sessions(session_ids)                    # optional: the runner's dialogues that ended (drop their caches)
         # sampling: {"temperature", "top_p", "max_new_tokens", optional "seed"}; logprobs are log π(w) of the
         # temperature-scaled policy, the same quantity OpenRLHF's Actor computes for training. With a seed,
         # the same prompts give the same samples (a resumed run replays its rollouts).
+    end_sessions(session_ids)                    # optional: sessions of dialogues that ended (drop their caches)
     update_weights_from_state_dict(state_dict)   # weight sync (OpenRLHF patch 0002, object store)
     load_weights_file(path)                      # load an opponent-pool snapshot (safetensors)
 

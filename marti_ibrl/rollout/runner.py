@@ -71,6 +71,11 @@ class _Live:
     attempts: int = 0
 
 
+def _engine_index(item: _Live, n_engines: int) -> int:
+    """The engine of a policy that serves this dialogue, always the same one (its prefix caches live there)."""
+    return int(item.session, 16) % n_engines
+
+
 def _cache_key(item: _Live, role: str) -> str:
     """An engine's prefix-cache key: one per dialogue and seat (a policy in both seats sees two different views)."""
     return f"{item.session}/{role}"
@@ -210,10 +215,9 @@ class DialogueRunner:
                 batches[role, name] = (items, future)
                 continue
             engines = policy.engines
-            # a dialogue always goes to the same engine (its prefix cache lives there)
             shards: dict[int, list[_Live]] = {}
             for item in items:
-                shards.setdefault(int(item.session, 16) % len(engines), []).append(item)
+                shards.setdefault(_engine_index(item, len(engines)), []).append(item)
             ordered, refs = [], []
             for e, shard in sorted(shards.items()):
                 prompts = [item.traj.views[role].generation_prompt() for item in shard]
@@ -233,7 +237,7 @@ class DialogueRunner:
         for item in ended:
             for role, policy in item.policies.items():
                 if policy.engines:
-                    engine = policy.engines[int(item.session, 16) % len(policy.engines)]
+                    engine = policy.engines[_engine_index(item, len(policy.engines))]
                     per_engine.setdefault(id(engine), (engine, []))[1].append(_cache_key(item, role))
         for engine, keys in per_engine.values():
             if hasattr(engine, "end_sessions"):
