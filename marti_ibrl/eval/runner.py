@@ -124,10 +124,11 @@ class Evaluator:
         engines=None,
         seed: int = 0,
         chunk: int = 64,
-        flush_every: int = 8,
+        flush_every: int = 2,
     ):
         """``chunk`` episodes are played at once (finished ones replaced by waiting ones); results are appended
-        to the episode files every ``flush_every * chunk`` episodes (what an interrupted run can lose)."""
+        to the episode files every ``flush_every * chunk`` episodes (what an interrupted run can lose; each flush
+        drains the dialogues in play, which costs little: ``benchmarks/eval_refill.py``)."""
         from marti_ibrl.rewards import env_reward
 
         self.env = env
@@ -219,7 +220,9 @@ class Evaluator:
                 k0, _, uid0, _, role0 = batch[0]
                 key = f"{self.seed}/{policy.name}/{names[k0]}/{uid0}/{role0}"
                 seed = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
-                trajs = self.runner.run(scenarios, samples, seat_policies, seed=seed, seats=seats, max_live=self.chunk)
+                trajs = self.runner.run(
+                    scenarios, samples, seat_policies, progress=progress, seed=seed, seats=seats, max_live=self.chunk
+                )  # its own bar counts the dialogues of this flush as they end
                 for (k, _, _, _, role), group in zip(batch, _by_scenario(trajs, samples)):
                     for t in group:
                         rec = episode_record(t, policy.name, names[k], role, self.roles)
