@@ -241,7 +241,11 @@ def test_play_cross_play_once_per_unordered_pair(env, tmp_path):
         pairs.append((p, Named("self", SELF), "self-play"))
         pairs += [(p, Named(f"policy:{q.name}", q.spec), "cross-play") for q in policies if q is not p]
     ev = Evaluator(env, scenarios(4), SAMPLING, max_len=512)
+    released, release = [], ev.release
+    ev.release = lambda named: (released.append(named.spec), release(named))
     results = play(ev, pairs, tmp_path)
+    # each player is let go after the last stream that plays it (a mirrored pair needs none)
+    assert released == ["bot:greedy", "bot:fair", "self", "heldout:hardliner"]
 
     assert [(r["policy"], r["counterpart"], r["kind"]) for r in results] == [(p.name, c.name, k) for p, c, k in pairs]
     mirrored = {r["file"] for r in results if all("mirror_of" in e for e in read_episodes(tmp_path / r["file"]))}

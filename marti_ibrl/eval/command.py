@@ -173,27 +173,38 @@ def play(ev, pairs: list[tuple], episodes: Path, samples: int = 1) -> list[dict]
 
     A policy's pairs are one stream of dialogues (:meth:`Evaluator.run_pairs`: its batches stay full from one
     counterpart to the next). Cross-play B vs A is not played again once A vs B has been: it is A vs B's games
-    seen from B's seat (:meth:`Evaluator.mirror_pair`).
+    seen from B's seat (:meth:`Evaluator.mirror_pair`). A checkpoint's engines stop after the last stream that needs
+    them (one evaluation can hold dozens of checkpoints; only the ones still to play stay in memory).
     """
     from marti_ibrl.eval.runner import Named
 
+    schedule = _schedule(pairs)
+    last_use = {named.spec: i for i, (policy, played, _) in enumerate(schedule) for named in (policy, *played)}
     policies = {p.name: p for p, _, _ in pairs}
+    for i, (policy, played, mirrored) in enumerate(schedule):
+        ev.run_pairs(policy, [(c, episodes / episodes_file(policy, c)) for c in played], samples)
+        for spec in [spec for spec, last in last_use.items() if last == i]:
+            ev.release(Named(spec, spec))
+        for c in mirrored:
+            other = policies[c.name.removeprefix("policy:")]
+            source = episodes / episodes_file(other, Named(f"policy:{policy.name}", policy.spec))
+            ev.mirror_pair(source, policy.name, c.name, episodes / episodes_file(policy, c))
+    return [
+        {"policy": p.name, "counterpart": c.name, "kind": kind, "file": episodes_file(p, c)} for p, c, kind in pairs
+    ]
+
+
+def _schedule(pairs: list[tuple]) -> list[tuple]:
+    """Per policy, in order: ``(policy, counterparts to play, cross-play counterparts to mirror)``."""
     crossed: set[tuple[str, str]] = set()  # (policy, other policy): cross-play played
-    results = []
+    out = []
     for policy, group in itertools.groupby(pairs, key=lambda pair: pair[0]):
         group = [(c, kind) for _, c, kind in group]
         others = {c: c.name.removeprefix("policy:") for c, kind in group if kind == "cross-play"}
-        mirror = [c for c, other in others.items() if (other, policy.name) in crossed]
-        ev.run_pairs(policy, [(c, episodes / episodes_file(policy, c)) for c, _ in group if c not in mirror], samples)
+        mirrored = [c for c, other in others.items() if (other, policy.name) in crossed]
         crossed |= {(policy.name, other) for other in others.values()}
-        for c in mirror:
-            played = episodes_file(policies[others[c]], Named(f"policy:{policy.name}", policy.spec))
-            ev.mirror_pair(episodes / played, policy.name, c.name, episodes / episodes_file(policy, c))
-        results += [
-            {"policy": policy.name, "counterpart": c.name, "kind": kind, "file": episodes_file(policy, c)}
-            for c, kind in group
-        ]
-    return results
+        out.append((policy, [c for c, _ in group if c not in mirrored], mirrored))
+    return out
 
 
 def _env_and_scenarios(args):
