@@ -69,6 +69,15 @@ class HFGenerateEngine:
         tokens = self.sessions[sid][0]
         return len(tokens) if len(tokens) < len(prompt) and prompt[: len(tokens)] == tokens else 0
 
+    def _left_padded(self, rows: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and attention mask of ``rows`` right-aligned in ``width`` columns (pads masked on the left)."""
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row) :] = torch.tensor(row)
+            attn[i, width - len(row) :] = 1
+        return ids, attn
+
     def _batch(self, prompts: list[list[int]], session_ids: list[str | None]):
         """Left-padded inputs plus a batch KV cache for the prefix every row has cached.
 
@@ -80,11 +89,7 @@ class HFGenerateEngine:
         use = [max(0, len(p) - suffix) for p in prompts]  # cached tokens each row actually reuses
         past = max(use)
         width = past + suffix
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            attn[i, width - len(p) :] = 1
+        ids, attn = self._left_padded(prompts, width)
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["cached_tokens"] += sum(use)
         self.stats["computed_tokens"] += len(prompts) * suffix
@@ -124,11 +129,7 @@ class HFGenerateEngine:
             return
         rows = [prompts[i][:-1] for i in fresh]  # the last token is fed by generate, as for a cached session
         width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for r, row in enumerate(rows):
-            ids[r, width - len(row) :] = torch.tensor(row)
-            attn[r, width - len(row) :] = 1
+        ids, attn = self._left_padded(rows, width)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded rows
         cache = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True).past_key_values
         self.stats["computed_tokens"] += ids.numel()
