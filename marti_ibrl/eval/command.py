@@ -180,30 +180,30 @@ def play(ev, pairs: list[tuple], episodes: Path, samples: int = 1) -> list[dict]
 
     schedule = _schedule(pairs)
     last_use = {named.spec: i for i, (policy, played, _) in enumerate(schedule) for named in (policy, *played)}
-    policies = {p.name: p for p, _, _ in pairs}
     for i, (policy, played, mirrored) in enumerate(schedule):
         ev.run_pairs(policy, [(c, episodes / episodes_file(policy, c)) for c in played], samples)
         for spec in [spec for spec, last in last_use.items() if last == i]:
             ev.release(Named(spec, spec))
-        for c in mirrored:
-            other = policies[c.name.removeprefix("policy:")]
-            source = episodes / episodes_file(other, Named(f"policy:{policy.name}", policy.spec))
-            ev.mirror_pair(source, policy.name, c.name, episodes / episodes_file(policy, c))
+        for c, source in mirrored:
+            ev.mirror_pair(episodes / source, policy.name, c.name, episodes / episodes_file(policy, c))
     return [
         {"policy": p.name, "counterpart": c.name, "kind": kind, "file": episodes_file(p, c)} for p, c, kind in pairs
     ]
 
 
 def _schedule(pairs: list[tuple]) -> list[tuple]:
-    """Per policy, in order: ``(policy, counterparts to play, cross-play counterparts to mirror)``."""
-    crossed: set[tuple[str, str]] = set()  # (policy, other policy): cross-play played
+    """Per policy, in order: ``(policy, counterparts to play, [(cross-play counterpart, file of the pair to mirror)])``.
+
+    Cross-play counterparts are named ``policy:OTHER`` (:func:`plan`): B vs A mirrors the played A vs B.
+    """
+    crossed: dict[tuple[str, str], str] = {}  # (policy, other policy) of cross-play played -> its episodes file
     out = []
     for policy, group in itertools.groupby(pairs, key=lambda pair: pair[0]):
         group = [(c, kind) for _, c, kind in group]
         others = {c: c.name.removeprefix("policy:") for c, kind in group if kind == "cross-play"}
-        mirrored = [c for c, other in others.items() if (other, policy.name) in crossed]
-        crossed |= {(policy.name, other) for other in others.values()}
-        out.append((policy, [c for c, _ in group if c not in mirrored], mirrored))
+        mirrored = {c: crossed[other, policy.name] for c, other in others.items() if (other, policy.name) in crossed}
+        crossed |= {(policy.name, other): episodes_file(policy, c) for c, other in others.items()}
+        out.append((policy, [c for c, _ in group if c not in mirrored], list(mirrored.items())))
     return out
 
 
