@@ -97,3 +97,32 @@ def test_prompt_that_does_not_extend_the_session_is_recomputed(engine):
     assert engine._cached_len(a + [5, 6], "x") in (0, len(engine.sessions["x"][0]))
     engine.end_sessions(["x", "never-seen"])  # the runner ends a dialogue's caches; unknown ids are ignored
     assert "x" not in engine.sessions and engine._cached_len(a + [5, 6], "x") == 0
+
+
+def test_grouped_query_attention_keeps_kv_heads_unexpanded_and_samples_as_transformers_sdpa(engine):
+    """The engine's attention (``sdpa_gqa``) hands grouped K/V heads to the kernel as they are; it must sample the
+    same tokens with the same log-probs as transformers' SDPA (which copies them per query head under a mask)."""
+    model = engine.model
+    assert model.config._attn_implementation == "sdpa_gqa"
+    assert model.config.num_attention_heads > model.config.num_key_value_heads  # grouped: there is something to skip
+    env = DondEnv(prompt_style="compact")
+    prompts = [RoleView(engine.tokenizer, env.system_prompt(s, "agent1")) for s in generate_scenarios(6, 11)]
+    prompts = [v.generation_prompt()[: 20 + 7 * i] for i, v in enumerate(prompts)]  # ragged: left padding, a mask
+    sampling = {**SAMPLING, "max_new_tokens": 24, "seed": 5}
+
+    def sample(attn: str) -> list[dict]:
+        model.set_attn_implementation(attn)
+        engine.sessions.clear()
+        first = engine.generate_batch(prompts, sampling, [f"g{i}" for i in range(len(prompts))])
+        # a second turn decodes over each dialogue's cached K/V (the decode path the change is for)
+        again = [p + o["token_ids"] + [5, 6, 7] for p, o in zip(prompts, first)]
+        return first + engine.generate_batch(again, sampling, [f"g{i}" for i in range(len(prompts))])
+
+    try:
+        ours, reference = sample("sdpa_gqa"), sample("sdpa")
+    finally:
+        model.set_attn_implementation("sdpa_gqa")
+    assert sum(len(o["token_ids"]) for o in ours) > 2 * len(prompts)
+    for a, b in zip(ours, reference, strict=True):
+        assert a["token_ids"] == b["token_ids"]
+        assert torch.allclose(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-5)

@@ -27,7 +27,37 @@ from collections import OrderedDict
 
 import ray
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+GQA_SDPA = "sdpa_gqa"
+
+
+def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **_):
+    """transformers' SDPA attention, with grouped-query heads always handed to the kernel unexpanded.
+
+    transformers passes ``enable_gqa`` only when there is no attention mask (a CUDA kernel limit); otherwise it
+    copies each K/V head ``num_key_value_groups`` times (``repeat_kv``). Decoding a left-padded batch always has a
+    mask, so every decoded token copied the whole KV cache of every layer: one turn of 256 cached mini Table 2
+    dialogues took 3.2x as long (``benchmarks/eval_throughput.py``). Torch's CPU kernel takes ``enable_gqa`` with a mask and gives the same values
+    (``tests/test_hf_engine.py`` compares). Registered as ``attn_implementation="sdpa_gqa"`` with the SDPA mask.
+    """
+    is_causal = query.shape[2] > 1 and attention_mask is None and (is_causal if is_causal is not None else True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=is_causal,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GQA_SDPA, sdpa_gqa_attention)
+AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
 
 
 def params_digest(named_params) -> str:
@@ -52,7 +82,8 @@ class HFGenerateEngine:
         torch.manual_seed(seed)
         torch.set_num_threads(1)
         self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation=GQA_SDPA)
+        self.model.eval()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
         # Prefix cache per dialogue (vLLM's prefix caching, done by session): session id -> (token ids the
