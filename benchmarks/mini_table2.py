@@ -46,6 +46,7 @@ from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS as _HELDOUT_BOT_REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "dond" / "mini-table2.yaml"
+TIMES = "stage_times.json"  # OUT/stage_times.json: seconds of every finished training run and evaluation
 TRAINING_BOTS = tuple(sorted(_TRAINING_BOT_REGISTRY))  # conceder, fair, greedy, stubborn
 HELDOUT_BOTS = tuple(_HELDOUT_BOT_REGISTRY)  # hardliner, tit_for_tat, slow_conceder, fast_conceder
 UNILATERAL = ("uni_sft", "uni_bot", "uni_pool")
@@ -151,6 +152,16 @@ def _run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
+def record_time(out: Path, key: str, seconds: float) -> None:
+    """Add a finished run's seconds to ``OUT/stage_times.json``: the full run spans several invocations (sessions,
+    resumes), so its compute time is the sum of this ledger, not one invocation's wall time."""
+    path = out / TIMES
+    ledger = json.loads(path.read_text()) if path.exists() else {}
+    ledger[key] = round(seconds, 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(ledger, indent=1, sort_keys=True) + "\n")
+
+
 # ------------------------------------------------------------------------------------------------------------ stages
 
 
@@ -232,18 +243,17 @@ def finished(run: Path, iterations: int) -> bool:
     )
 
 
-def stage_train(out: Path, profile: Profile, table: dict[str, Arm], sft: str) -> dict[str, float]:
-    """Train every (arm, seed) not yet finished; returns seconds per run trained now."""
+def stage_train(out: Path, profile: Profile, table: dict[str, Arm], sft: str) -> None:
+    """Train every (arm, seed) not yet finished, recording each run's seconds."""
     todo = [(a, s) for s in profile.seeds for a in profile.arms]
-    times = {}
     for name, seed in tqdm(todo, desc="training arms", unit="run"):
         run = out / "runs" / name / f"seed{seed}"
         if finished(run, profile.iterations):
             continue
         cmd = train_command(table[name], seed, run, sft, profile.iterations)
-        times[f"{name}/seed{seed}"] = seconds = _run(cmd, out / "logs" / f"train_{name}_seed{seed}.log")
+        seconds = _run(cmd, out / "logs" / f"train_{name}_seed{seed}.log")
+        record_time(out, f"train {name}/seed{seed}", seconds)
         _log(f"trained {name} seed {seed} in {seconds:.0f}s")
-    return times
 
 
 def eval_commands(out: Path, profile: Profile, table: dict[str, Arm], sft: str, seed: int) -> list[list[str]]:
@@ -268,14 +278,23 @@ def eval_commands(out: Path, profile: Profile, table: dict[str, Arm], sft: str, 
     return [main, cross] if len(profile.arms) > 1 else [main]
 
 
-def stage_eval(out: Path, profile: Profile, table: dict[str, Arm], sft: str) -> dict[str, float]:
-    times = {}
+def stage_eval(out: Path, profile: Profile, table: dict[str, Arm], sft: str) -> None:
+    """Evaluate every seed, recording each command's seconds. A command that finished before with the same
+    arguments (its ``command.txt`` beside ``pairs.json``) is not run again; an interrupted one resumes
+    (``marti-ibrl eval`` keeps the episodes on disk)."""
     for seed in tqdm(profile.seeds, desc="evaluating seeds", unit="seed"):
         for cmd in eval_commands(out, profile, table, sft, seed):
-            name = Path(cmd[cmd.index("--out") + 1]).name
-            times[name] = seconds = _run(cmd, out / "logs" / f"eval_{name}.log")
-            _log(f"evaluated {name} in {seconds:.0f}s")
-    return times
+            done = Path(cmd[cmd.index("--out") + 1])
+            if (done / "pairs.json").exists() and _read(done / "command.txt") == shlex.join(cmd[1:]):
+                continue
+            seconds = _run(cmd, out / "logs" / f"eval_{done.name}.log")
+            (done / "command.txt").write_text(shlex.join(cmd[1:]))  # without the interpreter's path
+            record_time(out, f"eval {done.name}", seconds)
+            _log(f"evaluated {done.name} in {seconds:.0f}s")
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None
 
 
 # ------------------------------------------------------------------------------------------------------------ report
@@ -492,6 +511,22 @@ def reward_figure(out: Path, profile: Profile, png: Path) -> Path | None:
     return _save(fig, png)
 
 
+def compute_time(out: Path, profile: Profile, sft_seconds: float | None) -> tuple[str, str]:
+    """The run's compute time from the ledger (:func:`record_time`): a one-line total and a per-stage list."""
+    path = out / TIMES
+    ledger = json.loads(path.read_text()) if path.exists() else {}
+    keys = [f"train {a}/seed{s}" for s in profile.seeds for a in profile.arms]
+    keys += [f"eval seed{s}{c}" for s in profile.seeds for c in ("", "-cross")[: 2 if len(profile.arms) > 1 else 1]]
+    stages = {"sft": sft_seconds, **{k: ledger.get(k) for k in keys}}
+    missing = [k for k, v in stages.items() if v is None]
+    total = sum(v for v in stages.values() if v is not None)
+    line = f"{total / 3600:.1f} h of compute (SFT, {len(profile.arms) * len(profile.seeds)} training runs and the "
+    line += "evaluations, summed from `OUT/stage_times.json`; a run's last, completing invocation)"
+    line += f"; not recorded: {', '.join(missing)}" if missing else ""
+    listing = "\n".join(f"- {k}: {'–' if v is None else f'{v:.0f} s'}" for k, v in stages.items())
+    return line, listing
+
+
 def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str:
     pairs = load_results(out, profile.seeds)
     if not pairs:
@@ -502,10 +537,11 @@ def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str
     figure = reward_figure(out, profile, results.with_name(results.stem + "_rewards.png"))
     n_eval = max((p["summary"]["averaged"]["n"] for p in pairs if p["kind"] == "held-out"), default=0)
     sft = meta.get("sft", {})
+    total, stage_times = compute_time(out, profile, sft.get("seconds"))
     text = [
         f"# Mini Table 2 ({'quick' if meta.get('quick') else 'full'} run)",
-        f"Command: `{meta['command']}`  \nWall time: {meta['wall_time']}  \nDate: {meta['date']}; machine: "
-        f"{meta['machine']}.",
+        f"Command: `{meta['command']}`  \nWall time: {meta['wall_time']}  \nWhole run: {total}  \n"
+        f"Date: {meta['date']}; machine: {meta['machine']}.",
         "Settings: " + json.dumps(asdict(profile)) + f"; recipe `{RECIPE.relative_to(ROOT)}`.",
         (
             f"SFT init: {sft['records']} records from {sft['dialogues']} training-bot dialogues, {sft['seconds']} s; "
@@ -526,8 +562,7 @@ def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str
     ]
     if figure:
         text.append(f"## Training reward\n\n![reward curves]({figure.name})")
-    if meta.get("times"):
-        text.append("## Stage times\n\n" + "\n".join(f"- {k}: {v:.0f} s" for k, v in meta["times"].items()))
+    text.append("## Stage times\n\n" + stage_times)
     results.parent.mkdir(parents=True, exist_ok=True)
     markdown = "\n\n".join(text) + "\n"
     results.write_text(markdown)
@@ -569,15 +604,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = (ROOT / (args.out or f"runs/mini_table2{suffix}")).resolve()
     results = (ROOT / (args.results or f"benchmarks/results/mini_table2{suffix}.md")).resolve()
     t0 = time.perf_counter()
-    times: dict[str, float] = {}
     sft_dir = (ROOT / args.sft_dir).resolve()
     sft_record = stage_sft(sft_dir, profile) if args.stage in ("all", "sft", "train", "eval") else {}
     sft = str(sft_dir)
     table = arms(sft, profile.single_bot)
     if args.stage in ("all", "train"):
-        times.update(stage_train(out, profile, table, sft))
+        stage_train(out, profile, table, sft)
     if args.stage in ("all", "eval"):
-        times.update(stage_eval(out, profile, table, sft))
+        stage_eval(out, profile, table, sft)
     if args.stage in ("all", "report", "eval"):
         if not sft_record and (sft_dir / "mini_table2_sft.json").exists():
             sft_record = json.loads((sft_dir / "mini_table2_sft.json").read_text())
@@ -589,7 +623,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "machine": f"{_cpus()} CPU cores, no GPU",
             "quick": args.quick,
             "sft": sft_record,
-            "times": times,
         }
         print(write_results(out, profile, results, meta))
         _log(f"wrote {results} in {math.ceil(wall)} s total")

@@ -130,6 +130,7 @@ def test_results_tables_gee_and_goals(bench, tmp_path):
     meta = {"command": "python benchmarks/mini_table2.py", "wall_time": "1 min", "date": "d", "machine": "m"}
     text = bench.write_results(tmp_path, profile, results, meta)
     assert results.read_text() == text
+    assert "Whole run: 0.0 h of compute" in text and "not recorded: sft, train ibrl/seed0" in text  # no ledger
 
     pairs = bench.load_results(tmp_path, profile.seeds)
     _, numbers = bench.mismatch_table(pairs, profile.arms)
@@ -155,6 +156,44 @@ def test_results_tables_gee_and_goals(bench, tmp_path):
     diagonal = f"{numbers['ibrl']['self_play']:.2f}"
     assert f"| ibrl | {diagonal} | 0.5" in matrix or f"| ibrl | {diagonal} | 0.4" in matrix  # cross-play ≈ .5
     assert "![reward curves]" not in text  # no training runs under tmp_path: no figure claimed
+
+
+def test_finished_evaluations_are_not_rerun_and_the_ledger_sums_the_whole_run(bench, tmp_path, monkeypatch):
+    profile = bench.replace(bench.QUICK, seeds=(0, 1), arms=("ibrl", "uni_sft"))
+    sft = tmp_path / "sft"
+    table = bench.arms(str(sft), "conceder")
+    ran = []
+
+    def fake_run(cmd, log):  # marti-ibrl eval writes OUT/pairs.json once every pair is played
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "pairs.json").write_text("[]")
+        ran.append(out.name)
+        return 60.0
+
+    monkeypatch.setattr(bench, "_run", fake_run)
+    for cmd in bench.eval_commands(tmp_path, profile, table, str(sft), 0):  # seed 0 evaluated before
+        done = Path(cmd[cmd.index("--out") + 1])
+        done.mkdir(parents=True)
+        (done / "pairs.json").write_text("[]")
+        (done / "command.txt").write_text(bench.shlex.join(cmd[1:]))
+    (tmp_path / "eval" / "seed1").mkdir(parents=True)
+    (tmp_path / "eval" / "seed1" / "pairs.json").write_text("[]")  # from other arguments: no command.txt
+    bench.record_time(tmp_path, "eval seed0", 4000.0)
+    bench.record_time(tmp_path, "train ibrl/seed0", 700.0)
+    bench.stage_eval(tmp_path, profile, table, str(sft))
+    assert ran == ["seed1", "seed1-cross"]
+    cmd = bench.eval_commands(tmp_path, profile, table, str(sft), 1)[0]
+    assert (tmp_path / "eval" / "seed1" / "command.txt").read_text() == bench.shlex.join(cmd[1:])
+    ledger = json.loads((tmp_path / bench.TIMES).read_text())
+    assert ledger == {"eval seed0": 4000.0, "train ibrl/seed0": 700.0, "eval seed1": 60.0, "eval seed1-cross": 60.0}
+    bench.stage_eval(tmp_path, profile, table, str(sft))  # everything done now: nothing runs again
+    assert len(ran) == 2
+
+    line, listing = bench.compute_time(tmp_path, profile, 500.0)
+    assert line.startswith(f"{(500 + 4000 + 700 + 60 + 60) / 3600:.1f} h of compute")
+    assert "not recorded: train uni_sft/seed0, train ibrl/seed1, train uni_sft/seed1, eval seed0-cross" in line
+    assert "- sft: 500 s" in listing and "- eval seed0-cross: –" in listing
 
 
 def test_goal_not_met_when_ibrl_is_worse(bench):
