@@ -2,7 +2,8 @@
 
 Every arm runs through the real pipeline (``marti-ibrl train``: Ray + DeepSpeed + the HF rollout engines) from one
 SFT initialisation, with the same budget (iterations × scenarios × G); the frozen final policies are evaluated with
-``marti-ibrl eval`` (seat-averaged, held-out scenarios). Stages, each resumable (finished work is skipped):
+``marti-ibrl eval`` (seat-averaged, held-out scenarios). Stages, each resumable (finished work is skipped); stages 2
+and 3 go seed by seed, so an interrupted run has whole seeds trained and evaluated:
 
 1. **SFT init** (``OUT/sft``): a tiny Qwen-architecture model, trained with OpenRLHF's SFT trainer on dialogues
    between the *training* scripted bots (``marti_ibrl.sft``), bots speaking markers only (``env.bot_speech``), offers
@@ -18,7 +19,8 @@ SFT initialisation, with the same budget (iterations × scenarios × G); the fro
 4. **Report** (``--results``, default ``benchmarks/results/mini_table2.md``): Table-2-style cells (agreement / own
    utility / joint value) per counterpart, mean ± sd over seeds; Δmismatch per arm; the cross-play matrix;
    logistic GEE of held-out agreement vs IB-RL, clustered by scenario with seed fixed effects, Holm-adjusted, plus a
-   run-clustered sensitivity check; the issue's goals; reward curves; the exact command and wall time.
+   run-clustered sensitivity check; the issue's goals; reward curves; the exact command, this invocation's wall time
+   and the whole run's compute time (``OUT/stage_times.json``: every finished run's and evaluation's seconds).
 
     .venv/bin/python benchmarks/mini_table2.py --quick          # 1 seed, fewer iterations and scenarios
     .venv/bin/python benchmarks/mini_table2.py                  # the full run (3 seeds), see the results file
@@ -608,10 +610,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sft_record = stage_sft(sft_dir, profile) if args.stage in ("all", "sft", "train", "eval") else {}
     sft = str(sft_dir)
     table = arms(sft, profile.single_bot)
-    if args.stage in ("all", "train"):
-        stage_train(out, profile, table, sft)
-    if args.stage in ("all", "eval"):
-        stage_eval(out, profile, table, sft)
+    for seed in profile.seeds:  # seed by seed: an interrupted run (the full one spans sessions) has whole seeds done
+        one = replace(profile, seeds=(seed,))
+        if args.stage in ("all", "train"):
+            stage_train(out, one, table, sft)
+        if args.stage in ("all", "eval"):
+            stage_eval(out, one, table, sft)
     if args.stage in ("all", "report", "eval"):
         if not sft_record and (sft_dir / "mini_table2_sft.json").exists():
             sft_record = json.loads((sft_dir / "mini_table2_sft.json").read_text())
