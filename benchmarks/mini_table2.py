@@ -541,7 +541,7 @@ def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str
     sft = meta.get("sft", {})
     total, stage_times = compute_time(out, profile, sft.get("seconds"))
     text = [
-        f"# Mini Table 2 ({'quick' if meta.get('quick') else 'full'} run)",
+        f"# Mini Table 2 ({'quick' if meta.get('quick') else 'full'} run, seeds {', '.join(map(str, profile.seeds))})",
         f"Command: `{meta['command']}`  \nWall time: {meta['wall_time']}  \nWhole run: {total}  \n"
         f"Date: {meta['date']}; machine: {meta['machine']}.",
         "Settings: " + json.dumps(asdict(profile)) + f"; recipe `{RECIPE.relative_to(ROOT)}`.",
