@@ -42,7 +42,8 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
     dialogues took 3.2x as long (``benchmarks/eval_throughput.py``). Torch's CPU kernel takes ``enable_gqa`` with a mask and gives the same values
     (``tests/test_hf_engine.py`` compares). Registered as ``attn_implementation="sdpa_gqa"`` with the SDPA mask.
     """
-    is_causal = query.shape[2] > 1 and attention_mask is None and (is_causal if is_causal is not None else True)
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    is_causal = query.shape[2] > 1 and attention_mask is None and is_causal  # as transformers' SDPA decides
     out = torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
