@@ -375,6 +375,7 @@ def mismatch_table(pairs: list[dict], policies: Sequence[str]) -> tuple[str, dic
             "self_play": _agg([s["agreement"] for s in slf.values()])[0],
             "held_out": _agg([s["agreement"] for s in held.values()])[0],
             "delta": _agg(deltas)[0],
+            "held_out_by_seed": {seed: held[seed]["agreement"] for seed in sorted(held)},
         }
         rows.append(
             [
@@ -452,6 +453,7 @@ def gee_tests(pairs: list[dict], reference: str = "ibrl") -> tuple[str, dict]:
             if df["run"].nunique() >= 2 * df["method"].nunique():  # at least two runs per arm
                 try:
                     by_run = compare(df, reference, outcome="agreed", cluster="run")
+                    verdicts[f"{kind} by run"] = {r["method"]: r for r in by_run.to_dict("records")}
                     text += "\n\nSensitivity, clusters = training runs (arm × seed):\n\n" + format_table(by_run)
                 except ValueError as e:
                     text += f"\n\n_run-clustered check not estimable: {e}_"
@@ -476,7 +478,7 @@ def goals(numbers: dict[str, dict], verdicts: dict) -> list[str]:
         lines.append(
             f"Held-out agreement: IB-RL {ib['held_out']:.3f} vs best single-counterpart unilateral arm ({best}) "
             f"{singles[best]:.3f}: {gain * 100:+.1f} points, Holm p = {'–' if p is None else f'{p:.3g}'} "
-            f"(goal ≥ +5 points, p < 0.05): **{'met' if ok else 'not met'}**."
+            f"(goal ≥ +5 points, p < 0.05): **{'met' if ok else 'not met'}**." + _seed_spread(numbers, best, verdicts)
         )
     for arm in UNILATERAL:
         if arm in numbers and numbers[arm]["self_play"] is not None and ib["self_play"] is not None:
@@ -486,6 +488,17 @@ def goals(numbers: dict[str, dict], verdicts: dict) -> list[str]:
                 f"{gain * 100:+.1f} points (goal ≥ +10): **{'met' if gain >= 0.10 else 'not met'}**."
             )
     return lines
+
+
+def _seed_spread(numbers: dict[str, dict], arm: str, verdicts: dict) -> str:
+    """The held-out gain of IB-RL over ``arm`` seed by seed, and the run-clustered check's Holm p, when known."""
+    ib, other = numbers["ibrl"].get("held_out_by_seed", {}), numbers[arm].get("held_out_by_seed", {})
+    seeds = [s for s in ib if s in other]
+    if len(seeds) < 2:
+        return ""
+    text = " Per seed: " + ", ".join(f"{s}: {(ib[s] - other[s]) * 100:+.1f}" for s in seeds) + " points"
+    p = verdicts.get("held-out by run", {}).get(arm, {}).get("p_holm")
+    return text + (f"; clusters = training runs: Holm p = {p:.3g}." if p is not None else ".")
 
 
 def reward_figure(out: Path, profile: Profile, png: Path) -> Path | None:

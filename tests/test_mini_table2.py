@@ -150,6 +150,9 @@ def test_results_tables_gee_and_goals(bench, tmp_path):
     assert "C(seed)" in text or "seed fixed effects" in text
     lines = bench.goals(numbers, verdicts)
     assert "(uni_sft)" in lines[0] and "**met**" in lines[0]  # best single-counterpart arm is uni_sft (.45)
+    gains = [(numbers["ibrl"]["held_out_by_seed"][k] - numbers["uni_sft"]["held_out_by_seed"][k]) * 100 for k in (0, 1)]
+    assert f"Per seed: 0: {gains[0]:+.1f}, 1: {gains[1]:+.1f} points; clusters = training runs: Holm p = " in lines[0]
+    assert 20 < gains[0] < 30 and 20 < gains[1] < 30  # .70 vs .45 on each seed
     assert any("uni_bot" in g and "not met" in g for g in lines[1:])  # self-play .80 vs .75: +5 < +10
     assert any("uni_sft" in g and "**met**" in g for g in lines[1:])
     matrix = text.split("## Cross-play")[1].split("##")[0]
