@@ -144,7 +144,9 @@ class TrainConfig:
     iterations: int = 10
     """Number of IB-RL iterations k = 1..T (Alg. 1)."""
     micro_batch_size: int = 8
-    """Per-rank micro batch for the policy update."""
+    """Per-rank micro batch for the policy update. Any value: a role's samples (a varying count) are dealt to its
+    ranks in equal whole micro-batches, each sample once per epoch, and zero-weight padding fills the rest
+    (``marti_ibrl.algorithm.batching``), so it need not divide rollout.batch_size × n_samples_per_prompt."""
     max_epochs: int = 1
     """PPO epochs over each iteration's experiences."""
     seed: int = 42
@@ -490,12 +492,6 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
             "pool.probs",
             f"role{i} is frozen: it has no pool, so its entry (index {i}) must be 0",
         )
-    samples = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
-    need(
-        samples % cfg.train.micro_batch_size == 0,
-        "train.micro_batch_size",
-        f"must divide the {samples} samples per role per iteration (rollout.batch_size × n_samples_per_prompt)",
-    )
 
 
 def model_head_dim(path: str) -> int | None:

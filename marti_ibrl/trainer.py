@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from marti_ibrl.algorithm import ablations
 from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key
+from marti_ibrl.algorithm.batching import RankSplit
 from marti_ibrl.algorithm.pool import BOTH, OpponentPool, Snapshot, configurations, sample_configuration
 from marti_ibrl.algorithm.schedule import roles_due
 from marti_ibrl.backend.openrlhf_glue import RoleStack, init_ray, resolve_device, start_engines
@@ -237,9 +238,11 @@ class IBRLTrainer:
                 zip(due, pool.map(lambda r: self.stacks[r].make_experiences(samples[r], precomputed), due))
             )
         with timer("update"):  # Eq. 5, each role's own optimizer; roles that are not due do not step
-            fit_refs = {r: self.stacks[r].fit_async(experiences[r], seed=self._seed(f"update/{r}", k)) for r in due}
-            status = {r: ray.get(refs)[0] for r, refs in fit_refs.items() if refs is not None}
-            due = list(status)  # a role left with less than one micro-batch per rank skipped its step
+            # every sample once per epoch on one rank; zero-weight padding fills the ranks' micro-batches
+            fits = {r: self.stacks[r].fit_async(experiences[r], seed=self._seed(f"update/{r}", k)) for r in due}
+            status = {r: ray.get(refs)[0] for r, (refs, _) in fits.items() if refs is not None}
+            splits = {r: split for r, (_, split) in fits.items()}
+            due = list(status)  # (a role without samples is not due: it never reaches fit_async)
         with timer("weight_sync"):  # only updated roles re-sync their engines
             ray.get([ref for r in due for ref in self.stacks[r].sync_engines_async()])
         for r in due:
@@ -254,7 +257,8 @@ class IBRLTrainer:
                 "scenarios": [u for u, _ in scenarios],
             }
         )
-        return self._metrics(k, trajectories, experiences, status, timer, configuration, schedule)
+        made = {r: len(scored[r]) for r in self.trained}
+        return self._metrics(k, trajectories, experiences, status, timer, configuration, schedule, made, splits)
 
     def sample_configuration(self, k: int) -> str:
         """Eq. 6: ``both``, or the name of the role whose current policy faces the others' history."""
@@ -405,7 +409,9 @@ class IBRLTrainer:
         args = next(iter(self.stacks.values())).args
         return WandbLogger(args) if self.cfg.logger.wandb_project else TensorboardLogger(args)
 
-    def _metrics(self, k, trajectories, experiences, status, timer, configuration, schedule) -> dict[str, float]:
+    def _metrics(
+        self, k, trajectories, experiences, status, timer, configuration, schedule, made, splits
+    ) -> dict[str, float]:
         n = len(trajectories)
         m: dict[str, float] = {"iteration": k, **timer.seconds}
         m["rollout/agreement"] = sum(t.outcome.agreed for t in trajectories) / n
@@ -433,7 +439,26 @@ class IBRLTrainer:
             if r in experiences:
                 adv = [float(e.advantages[e.action_mask.bool()].mean()) for e in experiences[r] if e.action_mask.any()]
                 m[f"{r}/adv_abs_mean"] = mean(abs(a) for a in adv) if adv else 0.0
+        for r in self.trained:
+            m.update(sample_metrics(r, made[r], splits.get(r) if r in status else None, self.stacks[r].dp_ranks))
         return m
+
+
+def sample_metrics(role: str, made: int, split: RankSplit | None, ranks: int) -> dict[str, float]:
+    """The role's samples this iteration: made (its group members, Eq. 4), trained (real samples, each once per
+    epoch), padding (zero-weight samples filling the ranks' micro-batches), in total and per data-parallel rank.
+    ``split`` is None when the role did not update (nothing trained)."""
+    trained = split.trained if split else (0,) * ranks
+    padding = split.padding if split else (0,) * ranks
+    m = {
+        f"{role}/samples_made": float(made),
+        f"{role}/samples_trained": float(sum(trained)),
+        f"{role}/samples_padding": float(sum(padding)),
+    }
+    for rank, (t, p) in enumerate(zip(trained, padding, strict=True)):
+        m[f"{role}/rank{rank}/samples_trained"] = float(t)
+        m[f"{role}/rank{rank}/samples_padding"] = float(p)
+    return m
 
 
 def summary_table(history: list[dict], roles: Sequence[str]) -> str:

@@ -2,12 +2,14 @@
 
 agent2's seat is played by a pool of three frozen counterparts, one sampled per scenario (pool-of-N,
 §5.4): a scripted bot, a checkpoint served by its own rollout engine, and an OpenAI-compatible endpoint
-(a real HTTP server on 127.0.0.1 that always answers "<disagree>"). Only agent1 has a DeepSpeed actor.
+(a real HTTP server on 127.0.0.1 that always answers "<disagree>"). Only agent1 has a DeepSpeed actor, on two
+data-parallel ranks: its samples (a count that is not a multiple of micro-batch × ranks) are all trained.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -55,6 +57,7 @@ def run(tmp_path_factory):
     cfg = load_config(
         [
             *("--role1.pretrain", model, "--role1.lr", "5e-3", "--role1.kl_coef", "0"),
+            *("--role1.num_gpus_per_node", "2"),  # two DeepSpeed ranks
             *("--role1.reward_fn", "test_e2e_ibrl:toy_reward"),
             *("--role2.frozen", f"bot:greedy,checkpoint:{model},{endpoint}"),
             *("--env.prompt_style", "compact", "--env.max_rounds", "2"),
@@ -103,3 +106,22 @@ def test_endpoint_was_called_with_the_role_view(run):
         first["body"]["messages"][0]["role"] == "system" and "agent" not in first["body"]["messages"][0]["content"][:0]
     )
     assert all(m["rollout/failed"] == 0.0 for m in history)
+
+
+def test_two_ranks_train_every_sample_once(run):
+    _, trainer, history = run
+    assert trainer.stacks["agent1"].dp_ranks == 2
+    for m in history:
+        made = m["agent1/samples_made"]
+        trained = [m[f"agent1/rank{r}/samples_trained"] for r in (0, 1)]
+        padding = [m[f"agent1/rank{r}/samples_padding"] for r in (0, 1)]
+        assert made > 0 and m["agent1/samples_trained"] == sum(trained) == made  # none dropped, none twice
+        assert m["agent1/samples_padding"] == sum(padding) < 2 * 4
+        assert trained[0] + padding[0] == trained[1] + padding[1]  # equal shares of whole micro-batches (4)
+        assert (trained[0] + padding[0]) % 4 == 0 and abs(trained[0] - trained[1]) <= 1
+        for key in ("policy_loss", "ppo_clip_ratio", "ppo_kl"):  # padding rows leave no NaN in the statistics
+            assert math.isfinite(m[f"agent1/{key}"]), key
+    # counts the old rule (the smallest rank's whole micro-batches) trained only part of
+    assert any(m["agent1/samples_made"] % (2 * 4) for m in history)
+    assert all(m["agent1/samples_padding"] > 0 for m in history if m["agent1/samples_made"] % 8)
+    assert not any(k.startswith("agent2/samples") for k in history[0])  # frozen: no samples of its own

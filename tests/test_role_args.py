@@ -50,3 +50,16 @@ def test_device_slots_unilateral(model: str) -> None:
     cfg = load_config(flags)
     assert not uses_pool(cfg)  # one trained role: no pools
     assert device_slots(cfg) == 3 + 2  # role1 actor+ref+engine; one engine per frozen checkpoint, none for the bot
+
+
+@pytest.mark.parametrize(("gpus", "batch"), [("1", 12), ("2", 16), ("3", 12), ("5", 20)])
+def test_start_up_batch_holds_the_iteration_in_whole_micro_batches(model: str, gpus: str, batch: int) -> None:
+    """DeepSpeed checks train_batch = micro × accumulation × ranks at start-up: 6 × 2 samples, micro-batch 4."""
+    cfg = load_config(
+        [
+            *("--role1.pretrain", model, "--role2.pretrain", model, "--role1.num_gpus_per_node", gpus),
+            *("--rollout.batch_size", "6", "--rollout.n_samples_per_prompt", "2", "--train.micro_batch_size", "4"),
+        ]
+    )
+    a1, a2 = (role_args(cfg, r, "cpu") for r in cfg.roles)
+    assert (a1.train.batch_size, a2.train.batch_size) == (batch, 12)

@@ -10,19 +10,26 @@ experience maker. Nothing is shared between roles except the dialogues. The same
 
 from __future__ import annotations
 
+import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import ray
 import torch
+from openrlhf.trainer.ppo_utils.experience import (
+    Experience,
+    remove_padding_in_sequences,
+    split_experience_batch,
+)
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 from openrlhf.trainer.ray.launcher import RayActorGroup, ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
+from marti_ibrl.algorithm.batching import RankSplit, split_across_ranks
 from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.algorithm.schedule import num_updates
 from marti_ibrl.config import Config, RoleConfig
@@ -45,6 +52,37 @@ class IsolatedActorPPOTrainer(ActorPPOTrainer):
             policy_loss_type=a.actor.policy_loss_type,
         )
 
+    def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
+        """OpenRLHF's step; its logged statistics leave the zero-weight padding out (:func:`weightless_rows_out`)."""
+        status = super().training_step(experience, kl_ctl, step, loss_batch_info)
+        return weightless_rows_out(status, experience.action_mask)
+
+
+def weightless_rows_out(status: dict, action_mask: torch.Tensor) -> dict:
+    """A training step's statistics over the rows that carry weight (a non-empty action mask m_i) only.
+
+    The loss and its gradient need nothing here (an empty mask contributes 0 to every sum and normaliser), but
+    OpenRLHF's logged statistics do: its per-micro-batch token means (clip ratio, ppo_kl, logprobs_diff) are 0/0 =
+    NaN on an all-padding micro-batch, and its per-sample statistics (reward, lengths) count a padding copy as a
+    sample. So: token statistics of a micro-batch without action tokens become 0 (they are weighted by its 0
+    tokens), per-sample ones are averaged over the weighted rows, and ``num_samples`` counts those rows only.
+    """
+    real = action_mask.reshape(action_mask.shape[0], -1).any(dim=-1)  # (B,)
+    if bool(real.all()):
+        return status
+    metrics, weights = status["metrics"], status["weights"]
+    for key, weight in weights.items():
+        value = metrics[key]
+        if not isinstance(value, torch.Tensor):
+            continue
+        if weight == "token" and status["num_action_tokens"] == 0:
+            metrics[key] = torch.zeros((), device=value.device)
+        elif weight == "sample" and value.dim() >= 1 and value.shape[0] == real.shape[0]:
+            kept = value[real.to(value.device)].float()
+            metrics[key] = kept.mean() if kept.numel() else torch.zeros((), device=value.device)
+    status["num_samples"] = float(real.sum().item())
+    return status
+
 
 class IsolatedExperienceMaker(RemoteExperienceMaker):
     """OpenRLHF's experience maker; with ``precomputed_advantages`` the samples' rewards are already the
@@ -57,6 +95,23 @@ class IsolatedExperienceMaker(RemoteExperienceMaker):
         if self.precomputed_advantages:
             return [experience.rewards for experience in experiences]
         return super()._shape_rewards_by_group_ids(experiences)
+
+    def make_experience_batch(self, rollout_samples) -> list:
+        """OpenRLHF's, with log-prob passes every rank takes an equal part in.
+
+        OpenRLHF deals the forward micro-batches (``rollout.micro_batch_size`` samples each) to the ranks in chunks
+        of ⌈batches / R⌉: fewer batches than ranks raise, a count that is not a multiple of R gives ranks unequal
+        numbers of forward calls. Here copies of a one-sample batch (the last sample) fill the count to a multiple
+        of R; their log-probs are discarded before the advantages (Eq. 4), so groups and baselines never see them.
+        """
+        samples_list = self.split_rollout_samples(rollout_samples)
+        group = self.actor_model_group
+        ranks = len(group._actor_handlers) // group.duplicate_actors
+        n = len(samples_list)
+        pad_id = self.tokenizer.pad_token_id
+        fill = [Experience.concat_experiences(rollout_samples[-1:], pad_id) for _ in range(-n % ranks)]
+        experiences = self.make_experience(samples_list + fill)[:n]
+        return self.compute_advantages_and_returns(experiences)
 
 
 class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
@@ -77,31 +132,38 @@ class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
         """sha256 over the (gathered) parameters, identical on every rank; for tests and logs."""
         return params_digest(self._gathered_parameters())
 
-    def prepare_update(self, seed: int) -> int:
-        """Size this update to the samples the role actually has, and seed it; returns the accumulation steps.
+    def prepare_update(self, items: list, seed: int) -> int:
+        """Load this rank's share of the update and seed it; returns the accumulation steps (0: nothing to train).
 
+        ``items`` are this rank's single-sample experiences, real and zero-weight padding, dealt on the driver by
+        :func:`marti_ibrl.algorithm.batching.split_across_ranks`: every rank has the same ``gas × micro`` of them.
         A role's sample count varies (opponent pools, failed counterparts, dialogues ending before the role
         spoke), while DeepSpeed's gradient accumulation is fixed at start-up: a short update would leave a
         partial accumulation window that DeepSpeed steps only during the *next* iteration. So every update is
-        exactly ``max_epochs`` optimizer steps over this iteration's samples: accumulation = the micro-batches
-        every rank has (the smallest count across ranks; extras dropped at random), counted from a fresh window.
+        exactly ``max_epochs`` optimizer steps over this iteration's samples: accumulation = the rank's
+        micro-batches (one window per epoch, counted from a fresh one); every real sample is trained exactly once
+        per epoch on exactly one rank.
         """
         buffer = self.trainer.replay_buffer
         engine = self.actor.model
         micro = self.strategy.args.train.micro_batch_size
         from deepspeed.accelerator import get_accelerator
 
-        n = torch.tensor([len(buffer.items)], dtype=torch.long, device=get_accelerator().current_device_name())
-        torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MIN)
-        gas = int(n.item()) // micro
+        buffer.items = list(items)
+        n = len(buffer.items)
+        counts = torch.tensor([n, -n], dtype=torch.long, device=get_accelerator().current_device_name())
+        torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.MAX)
+        most, fewest = int(counts[0]), -int(counts[1])
+        if most != fewest or n % micro:
+            raise RuntimeError(
+                f"prepare_update: the ranks hold {fewest}..{most} samples, micro-batch {micro}: every rank needs the "
+                "same multiple of the micro-batch (deal them with split_across_ranks)"
+            )
+        gas = n // micro
         self.reseed(seed)
         if gas == 0:
             buffer.clear()
             return 0
-        import random
-
-        keep = sorted(random.sample(range(len(buffer.items)), gas * micro))
-        buffer.items = [buffer.items[i] for i in keep]
         engine.set_train_batch_size(gas * micro * engine.dp_world_size)
         engine.micro_steps = 0
         self.strategy.accumulated_gradient = gas
@@ -223,7 +285,11 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     a.rollout.temperature = cfg.rollout.temperature  # the Actor scores log-probs at the sampling temperature
     a.rollout.max_new_tokens = cfg.rollout.max_new_tokens
     a.data.max_len = cfg.rollout.max_len
-    a.train.batch_size = samples_per_iteration(cfg)  # one optimizer step per role per epoch per update
+    # one optimizer step per role per epoch per update, over at most the iteration's samples dealt in whole
+    # micro-batches (padding included, split_across_ranks); DeepSpeed checks it divides at start-up, each
+    # update then sets its own (prepare_update)
+    step = cfg.train.micro_batch_size * role.num_nodes * role.num_gpus_per_node
+    a.train.batch_size = -(-samples_per_iteration(cfg) // step) * step
     a.train.micro_batch_size = cfg.train.micro_batch_size
     a.train.max_epochs = cfg.train.max_epochs
     a.train.seed = cfg.train.seed
@@ -385,12 +451,30 @@ class RoleStack:
         self.maker.precomputed_advantages = precomputed_advantages
         return self.maker.make_experience_batch(samples)
 
-    def fit_async(self, experiences: list, seed: int) -> list | None:
-        """Start the role's update (refs to its status), or None when it has too few samples for one micro-batch."""
-        ray.get(self.actor.async_run_method_batch(method_name="append", experience=experiences))
-        if not min(ray.get(self.actor.async_run_method(method_name="prepare_update", seed=seed))):
-            return None
-        return self.actor.async_run_method(method_name="fit", kl_ctl=self.role.kl_coef)
+    @property
+    def dp_ranks(self) -> int:
+        """R: the role's data-parallel ranks (actors in a ring / tensor-parallel group share one rank's data)."""
+        return len(self.actor._actor_handlers) // self.actor.duplicate_actors
+
+    def fit_async(self, experiences: list, seed: int) -> tuple[list | None, RankSplit]:
+        """Start the role's update: refs to its status (None when it has no sample), and how its samples were dealt.
+
+        The samples are dealt here, on the driver (:func:`split_across_ranks`, seeded with the update's seed, so a
+        resumed run deals the same way): each rank trains on its real samples once per epoch and is filled to the
+        same number of micro-batches with zero-weight copies (:func:`zero_weight_copy`) of the shortest sample.
+        """
+        items = single_samples(experiences)
+        split = split_across_ranks(len(items), self.dp_ranks, self.args.train.micro_batch_size, seed)
+        if not split.micro_batches:
+            return None, split
+        pad = zero_weight_copy(min(items, key=lambda item: item.sequences.numel()))
+        handlers, dup = self.actor._actor_handlers, self.actor.duplicate_actors
+        refs = []
+        for r, (share, padding) in enumerate(zip(split.ranks, split.padding, strict=True)):
+            shard = ray.put([items[i] for i in share] + [pad] * padding)
+            refs += [handlers[r * dup + j].prepare_update.remote(shard, seed) for j in range(dup)]
+        ray.get(refs)
+        return self.actor.async_run_method(method_name="fit", kl_ctl=self.role.kl_coef), split
 
     def export_weights_async(self, path: str, dtype: str) -> list:
         return self.actor.async_run_method(method_name="export_weights", path=path, dtype=dtype)
@@ -409,6 +493,29 @@ class RoleStack:
 
     def engine_digests(self, engines: list | None = None) -> list[str]:
         return ray.get([e.weights_digest.remote() for e in (self.engines if engines is None else engines)])
+
+
+def single_samples(experiences: list) -> list[Experience]:
+    """The role's experiences one sample each, right padding removed: the items OpenRLHF's replay buffer holds."""
+    items = []
+    for experience in experiences:
+        items += split_experience_batch(copy.copy(experience))  # (it clears the batch's ``index``)
+    return remove_padding_in_sequences(items)
+
+
+def zero_weight_copy(item: Experience) -> Experience:
+    """A single-sample experience that carries exactly no weight: ``item`` with an empty action mask m_i.
+
+    No token of it enters the masked loss (Eq. 5), the KL or entropy terms, or OpenRLHF's step normalisers (total
+    action tokens, non-empty sequences), so it changes neither the loss nor the gradient of the samples trained
+    beside it; its advantages are zeroed as well. It fills a rank's last micro-batches (:func:`split_across_ranks`).
+    """
+    return replace(
+        item,
+        action_mask=torch.zeros_like(item.action_mask),
+        advantages=None if item.advantages is None else torch.zeros_like(item.advantages),
+        info=dict(item.info),
+    )
 
 
 def start_engines(cfg: Config, role: RoleConfig, model: str, seed: int, device: str, num_engines: int) -> list:
