@@ -274,9 +274,14 @@ def vllm_engine_class():
             import os
 
             kwargs["worker_extension_cls"] = "marti_ibrl.rollout.vllm_worker.EngineWorkerExtension"
-            if not torch.cuda.is_available() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-                # vLLM-CPU's default KV cache is a share of the machine's RAM (~9 GB here, per engine)
-                kwargs.setdefault("kv_cache_memory_bytes", VLLM_CPU_KV_CACHE_BYTES)
+            if not torch.cuda.is_available():
+                if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vLLM's default: a share of RAM, ~9 GB here
+                    kwargs.setdefault(
+                        "kv_cache_memory_bytes", cpu_kv_cache_bytes(kwargs["model"], kwargs["max_model_len"])
+                    )
+                # the worker runs inside the engine-core process (vLLM's "uni" executor), not in a third process
+                # of ~1 GB per engine; vLLM's MP executor exists on CPU to pin OpenMP threads, which we keep at one
+                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             await super().__init__(*args, **kwargs)
 
         def _configure_device_env(self, backend, bundle_indices, num_gpus):
@@ -366,6 +371,16 @@ def create_engines(
 
 
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-VLLM_CPU_KV_CACHE_BYTES = 512 * 2**20
-"""KV cache per vLLM engine on CPU, unless ``VLLM_CPU_KVCACHE_SPACE`` (GiB, vLLM's own variable) says otherwise:
-1M tokens of the tiny test models, ~11k of SmolLM2-135M (fp32)."""
+
+
+def cpu_kv_cache_bytes(model: str, max_len: int, sequences: int = 64) -> int:
+    """KV cache of a vLLM engine on CPU: ``sequences`` full-length dialogues in fp32, between 64 MiB and 2 GiB
+    (``VLLM_CPU_KVCACHE_SPACE``, in GiB, overrides it). vLLM's own default, a share of the machine's RAM, is ~9 GB
+    per engine here. SmolLM2-135M (46 KB per token) gets 2 GiB, ~46k tokens; the tiny test models 64 MiB."""
+    import json
+    from pathlib import Path
+
+    c = json.loads((Path(model) / "config.json").read_text())
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    per_token = 2 * c["num_hidden_layers"] * c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim * 4
+    return int(min(2 * 2**30, max(64 * 2**20, per_token * max_len * sequences)))
