@@ -27,7 +27,7 @@ from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.algorithm.schedule import num_updates
 from marti_ibrl.config import Config, RoleConfig
 from marti_ibrl.placement import device_slots, has_reference, uses_pool
-from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, child_env_vars, share_one_gpu
+from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, ray_env_vars, share_one_gpu
 from marti_ibrl.rollout.engines import create_engines, params_digest
 
 
@@ -252,7 +252,7 @@ def start_ray(
     """
     if ray.is_initialized():
         return
-    env_vars = {**child_env_vars(), "NCCL_CUMEM_ENABLE": "0"}
+    env_vars = ray_env_vars()  # NCCL_CUMEM_ENABLE only as the user set it (OpenRLHF sets it where vLLM needs it)
     if not log_to_driver:
         import logging
 
