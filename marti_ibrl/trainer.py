@@ -27,8 +27,9 @@ from marti_ibrl.algorithm import ablations
 from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key
 from marti_ibrl.algorithm.pool import BOTH, OpponentPool, Snapshot, configurations, sample_configuration
 from marti_ibrl.algorithm.schedule import roles_due
-from marti_ibrl.backend.openrlhf_glue import RoleStack, init_ray, resolve_device, start_engines
+from marti_ibrl.backend.openrlhf_glue import RoleStack, init_ray, start_engines
 from marti_ibrl.config import Config, RoleConfig, to_yaml
+from marti_ibrl.device import resolve_device
 from marti_ibrl.envs import make_env
 from marti_ibrl.placement import frozen_checkpoints, uses_pool
 from marti_ibrl.rewards import RoleRewards
@@ -127,6 +128,7 @@ class IBRLTrainer:
         for line in changes:
             print(f"--ablation {cfg.ablation}: {line}")
         self.cfg = cfg
+        device = resolve_device(cfg.train.device)  # a ConfigError before anything is written or started
         self.roles = [r.name for r in cfg.roles]  # every seat
         self.trained = [r.name for r in cfg.roles if not r.frozen]
         self.run_dir = Path(cfg.ckpt.path)
@@ -138,7 +140,6 @@ class IBRLTrainer:
         if cfg.ckpt.load_enable and state is None:  # nothing committed: never load a half-written checkpoint
             print(f"--ckpt.load_enable: no {STATE_FILE} in {self.run_dir}, starting from iteration 1")
             cfg.ckpt.load_enable = False
-        device = resolve_device(cfg)
         init_ray(cfg, device)
         self.stacks = {r.name: RoleStack.start(cfg, r, device) for r in cfg.roles if not r.frozen}
         self.frozen = {r.name: self._frozen_policies(r, device) for r in cfg.roles if r.frozen}

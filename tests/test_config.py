@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -260,6 +261,47 @@ def test_cli_config_error_starts_no_ray_and_imports_no_torch(ckpt: str) -> None:
     )
     res, _ = _cli("-c", code)
     assert res.stdout.strip() == "2 []", res.stdout + res.stderr
+
+
+def test_cli_cuda_without_cuda_is_one_line_before_ray(tmp_path: Path, ckpt: str) -> None:
+    """``--train.device cuda`` where torch sees no CUDA device: exit 2, one line naming the flag, no traceback,
+    nothing written, no Ray started."""
+    run = tmp_path / "run"
+    code = (
+        "import sys; from marti_ibrl.cli import main; "
+        f"rc = main(['train', '--train.device', 'cuda', '--role1.pretrain', {ckpt!r}, '--role2.pretrain', {ckpt!r}, "
+        f"'--ckpt.path', {str(run)!r}]); "
+        "import ray; print(rc, ray.is_initialized())"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert res.stdout.strip() == "2 False", res.stdout + res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    # importing torch may print a third-party warning (e.g. pynvml's deprecation): two lines, not ours
+    lines = re.sub(r"(?m)^\S+:\d+: \w*Warning: .*\n(?:  .*\n)?", "", res.stderr).strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("marti-ibrl train: error: --train.device: cuda, but torch ("), lines[0]
+    assert lines[0].endswith("sees no CUDA device here; use cpu (or auto) on this machine"), lines[0]
+    assert not run.exists()
+
+
+def test_demo_cuda_without_cuda_fails_before_the_sft_step(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The demo's recipe asks for cuda where there is none: one line, exit 2, before the (slow) SFT warm start."""
+    import torch
+
+    from marti_ibrl.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recipe = tmp_path / "cuda.yaml"
+    recipe.write_text("train:\n  device: cuda\n")
+    assert main(["demo", "--config", str(recipe), "--out", str(tmp_path / "demo")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and not (tmp_path / "demo").exists()
+    assert err.splitlines() == [
+        f"marti-ibrl demo: error: --train.device: cuda, but torch ({torch.__version__}, "
+        f"{'CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'}) sees no CUDA device here; "
+        f"use cpu (or auto) on this machine (set in {recipe})"
+    ]
 
 
 # -- opponent pools, ablations, frozen counterparts ------------------------------------------------------------------

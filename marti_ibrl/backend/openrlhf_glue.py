@@ -149,14 +149,6 @@ class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
 RolePolicyActor = ray.remote(num_gpus=1)(RolePolicyActorBase)
 
 
-def resolve_device(cfg: Config) -> str:
-    if cfg.train.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if cfg.train.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--train.device cuda: no CUDA device is visible")
-    return cfg.train.device
-
-
 def has_vllm() -> bool:
     import importlib.util
 
