@@ -28,7 +28,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from marti_ibrl.trainer import train
 
     try:
-        train(cfg)  # the trainer's own checks come before Ray starts
+        train(cfg)  # the trainer's own checks (prompts that fit --rollout.max_len) come before Ray starts
     except ConfigError as e:
         return fail(e)
     return 0
