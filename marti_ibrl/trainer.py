@@ -27,7 +27,7 @@ from marti_ibrl.algorithm import ablations
 from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key
 from marti_ibrl.algorithm.pool import BOTH, OpponentPool, Snapshot, configurations, sample_configuration
 from marti_ibrl.algorithm.schedule import roles_due
-from marti_ibrl.backend.openrlhf_glue import RoleStack, init_ray, start_engines
+from marti_ibrl.backend.openrlhf_glue import RoleStack, engine_kind, init_ray, start_engines
 from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
 from marti_ibrl.device import resolve_device
 from marti_ibrl.envs import make_env
@@ -36,6 +36,7 @@ from marti_ibrl.rewards import RoleRewards
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.render import role_experience
 from marti_ibrl.rollout.runner import DialogueRunner, Policy, first_turns_overflowing
+from marti_ibrl.topology import topology, write_topology
 
 STATE_FILE = "trainer_state.json"
 
@@ -171,6 +172,9 @@ class IBRLTrainer:
         init_ray(cfg, device)
         self.stacks = {r.name: RoleStack.start(cfg, r, device) for r in cfg.roles if not r.frozen}
         self.frozen = {r.name: self._frozen_policies(r, device) for r in cfg.roles if r.frozen}
+        write_topology(  # what actually runs: ranks, ZeRO stage, engines, reference, weight sync, Ray nodes
+            self.run_dir, topology(cfg, self.stacks, self.frozen, device, ray.nodes(), engine_kind(device))
+        )
         if state is not None:
             self._pin_deepspeed_latest(state["iteration"])
         ray.get([ref for s in self.stacks.values() for ref in s.init_models(cfg.train.iterations)])

@@ -155,6 +155,12 @@ def has_vllm() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def engine_kind(device: str) -> str:
+    """The class serving rollout engines on ``device``: ``vllm`` on GPU when installed, ``hf`` (HF generate)
+    otherwise."""
+    return "vllm" if device == "cuda" and has_vllm() else "hf"
+
+
 def role_dir(cfg: Config, role: RoleConfig) -> Path:
     return Path(cfg.ckpt.path) / role.name
 
@@ -296,6 +302,7 @@ class RoleStack:
     maker: IsolatedExperienceMaker
     tokenizer: Any
     pool_engines: list  # serve the role's historical checkpoints (Eq. 6); never the current weights
+    engine_kind: str = "hf"  # "vllm" or "hf": the class serving the role's rollout and pool engines
 
     @classmethod
     def start(cls, cfg: Config, role: RoleConfig, device: str) -> RoleStack:
@@ -372,7 +379,7 @@ class RoleStack:
 def start_engines(cfg: Config, role: RoleConfig, model: str, seed: int, device: str, num_engines: int) -> list:
     """Rollout engines serving ``model`` for ``role`` (vLLM on GPU when installed, HF generate otherwise)."""
     args = role_args(cfg, role, device)
-    use_vllm = device == "cuda" and has_vllm()
+    use_vllm = engine_kind(device) == "vllm"
     return create_engines(args, model, seed, use_vllm, num_engines, role.tensor_parallel_size, cfg.rollout.max_len)
 
 
@@ -392,7 +399,7 @@ class FrozenEngines:
         from ray.util import placement_group_table
 
         before = set(placement_group_table())
-        use_vllm = self.device == "cuda" and has_vllm()
+        use_vllm = engine_kind(self.device) == "vllm"
         engines = create_engines(self.args, path, self.seed, use_vllm, self.num_engines, 1, self.max_len)
         self._groups[engines[0]._actor_id.hex()] = sorted(set(placement_group_table()) - before)
         return engines
