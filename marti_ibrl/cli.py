@@ -14,14 +14,23 @@ from marti_ibrl.config import ConfigError, load_config
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_config(args.flags)
-    except ConfigError as e:
+    def fail(e: ConfigError) -> int:
         print(f"marti-ibrl train: error: {e}", file=sys.stderr)
         return 2
+
+    try:
+        cfg = load_config(args.flags)
+        from marti_ibrl.device import resolve_device
+
+        resolve_device(cfg.train.device)  # before the trainer's imports (Ray, DeepSpeed) print anything
+    except ConfigError as e:
+        return fail(e)
     from marti_ibrl.trainer import train
 
-    train(cfg)
+    try:
+        train(cfg)  # the trainer's own checks (prompts that fit --rollout.max_len) come before Ray starts
+    except ConfigError as e:
+        return fail(e)
     return 0
 
 

@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from marti_ibrl.config import EnvConfig, load_config
+from marti_ibrl.config import ConfigError, EnvConfig, TrainConfig, load_config
 
 
 def _step(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
+
+
+def _fail(message: str) -> int:
+    print(f"marti-ibrl demo: error: {message}", file=sys.stderr)
+    return 2
 
 
 def prepare(out: Path, prompt_style: str, seed: int = 0) -> str:
@@ -65,20 +71,31 @@ def prepare(out: Path, prompt_style: str, seed: int = 0) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from marti_ibrl.trainer import train
+    """The demo; a config error (the recipe's, or ``train.device cuda`` without CUDA, checked before the SFT step)
+    is one ``marti-ibrl demo: error:`` line and exit 2."""
+    from marti_ibrl.device import resolve_device
 
     t_start = time.perf_counter()
     out = Path(args.out)
     flags = ["--config", args.config] if args.config else []
     recipe = OmegaConf.load(args.config) if args.config else OmegaConf.create()
+    try:
+        resolve_device(str(OmegaConf.select(recipe, "train.device", default=TrainConfig.device)))
+    except ConfigError as e:
+        return _fail(f"{e} (set in {args.config})")
+    from marti_ibrl.trainer import train
+
     sft = prepare(out, OmegaConf.select(recipe, "env.prompt_style", default=EnvConfig.prompt_style))
     flags += ["--role1.pretrain", sft, "--role2.pretrain", sft, "--ckpt.path", str(out / "ibrl")]
     if args.iterations:
         flags += ["--train.iterations", str(args.iterations)]
-    cfg = load_config(flags)
-    _step(f"IB-RL: {cfg.train.iterations} iterations, roles {[r.name for r in cfg.roles]}, run dir {cfg.ckpt.path}")
-    t0 = time.perf_counter()
-    train(cfg)
+    try:
+        cfg = load_config(flags)
+        _step(f"IB-RL: {cfg.train.iterations} iterations, roles {[r.name for r in cfg.roles]}, run dir {cfg.ckpt.path}")
+        t0 = time.perf_counter()
+        train(cfg)
+    except ConfigError as e:
+        return _fail(str(e))
     _step(f"IB-RL done in {time.perf_counter() - t0:.0f}s; HF checkpoints: {cfg.ckpt.path}/<role>/hf")
     from marti_ibrl.eval.report import write_report
 

@@ -28,14 +28,16 @@ from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key
 from marti_ibrl.algorithm.batching import RankSplit
 from marti_ibrl.algorithm.pool import BOTH, OpponentPool, Snapshot, configurations, sample_configuration
 from marti_ibrl.algorithm.schedule import roles_due
-from marti_ibrl.backend.openrlhf_glue import RoleStack, init_ray, resolve_device, start_engines
-from marti_ibrl.config import Config, RoleConfig, to_yaml
+from marti_ibrl.backend.openrlhf_glue import RoleStack, engine_kind, init_ray, start_engines
+from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
+from marti_ibrl.device import resolve_device
 from marti_ibrl.envs import make_env
 from marti_ibrl.placement import frozen_checkpoints, uses_pool
 from marti_ibrl.rewards import RoleRewards
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.render import role_experience
-from marti_ibrl.rollout.runner import DialogueRunner, Policy
+from marti_ibrl.rollout.runner import DialogueRunner, Policy, first_turns_overflowing
+from marti_ibrl.topology import topology, write_topology
 
 STATE_FILE = "trainer_state.json"
 
@@ -111,6 +113,33 @@ def role_samples(scored: Sequence[tuple[Trajectory, float]], role: str, max_len:
     return samples
 
 
+PROMPT_CHECK_SCENARIOS = 8
+"""Training scenarios whose first prompts :func:`check_first_turns_fit` renders before Ray starts (cheap)."""
+
+
+def check_first_turns_fit(cfg: Config, env, scenarios: Sequence[tuple[str, object]]) -> None:
+    """A ConfigError naming ``--rollout.max_len`` when the first prompt of some role (its system prompt, before
+    any turn) leaves no room for ``--rollout.max_new_tokens`` on one of the first :data:`PROMPT_CHECK_SCENARIOS`
+    training scenarios. Such dialogues end as ``context_limit`` before anyone speaks (the runner's rule,
+    :func:`marti_ibrl.rollout.runner.context_full`); prompts too long for the cap would lose most of the run.
+    Every engine-served policy is checked with its own tokenizer: trained roles' and frozen checkpoints'."""
+    from transformers import AutoTokenizer
+
+    paths = {r.name: ([] if r.frozen else [r.pretrain]) + frozen_checkpoints(r) for r in cfg.roles}
+    loaded = {p: AutoTokenizer.from_pretrained(p) for p in {p for ps in paths.values() for p in ps}}
+    tokenizers = {role: [loaded[p] for p in ps] for role, ps in paths.items()}
+    max_new, max_len = cfg.rollout.max_new_tokens, cfg.rollout.max_len
+    over = first_turns_overflowing(env, scenarios[:PROMPT_CHECK_SCENARIOS], tokenizers, max_new, max_len)
+    if over:
+        uid, role, n = max(over, key=lambda x: x[2])
+        raise ConfigError(
+            f"--rollout.max_len: {max_len} leaves no room for a first turn: {role}'s prompt for scenario {uid} is "
+            f"{n} tokens before --rollout.max_new_tokens {max_new} (prompts of {len({u for u, _, _ in over})} of the "
+            f"first {min(len(scenarios), PROMPT_CHECK_SCENARIOS)} scenarios do not fit); "
+            f"need --rollout.max_len >= {n + max_new}"
+        )
+
+
 class Timer:
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -128,21 +157,26 @@ class IBRLTrainer:
         for line in changes:
             print(f"--ablation {cfg.ablation}: {line}")
         self.cfg = cfg
+        device = resolve_device(cfg.train.device)  # ConfigErrors come before anything is written or started
+        self.env, scenarios = make_env(cfg.env, cfg.train.seed)
+        check_first_turns_fit(cfg, self.env, scenarios)
         self.roles = [r.name for r in cfg.roles]  # every seat
         self.trained = [r.name for r in cfg.roles if not r.frozen]
         self.run_dir = Path(cfg.ckpt.path)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-        self.env, scenarios = make_env(cfg.env, cfg.train.seed)
         self.sampler = ScenarioSampler(scenarios, cfg.train.seed)
         state = self._committed_state() if cfg.ckpt.load_enable else None
         if cfg.ckpt.load_enable and state is None:  # nothing committed: never load a half-written checkpoint
             print(f"--ckpt.load_enable: no {STATE_FILE} in {self.run_dir}, starting from iteration 1")
             cfg.ckpt.load_enable = False
-        device = resolve_device(cfg)
         init_ray(cfg, device)
         self.stacks = {r.name: RoleStack.start(cfg, r, device) for r in cfg.roles if not r.frozen}
         self.frozen = {r.name: self._frozen_policies(r, device) for r in cfg.roles if r.frozen}
+        write_topology(  # what actually runs: ranks, ZeRO stage, engines, reference, weight sync, Ray nodes
+            self.run_dir,
+            topology(cfg, self.stacks, self.frozen, device, ray.nodes(), engine_kind(cfg.rollout.engine, device)),
+        )
         if state is not None:
             self._pin_deepspeed_latest(state["iteration"])
         ray.get([ref for s in self.stacks.values() for ref in s.init_models(cfg.train.iterations)])

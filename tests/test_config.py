@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -264,6 +265,86 @@ def test_cli_config_error_starts_no_ray_and_imports_no_torch(ckpt: str) -> None:
     )
     res, _ = _cli("-c", code)
     assert res.stdout.strip() == "2 []", res.stdout + res.stderr
+
+
+def test_cli_cuda_without_cuda_is_one_line_before_ray(tmp_path: Path, ckpt: str) -> None:
+    """``--train.device cuda`` where torch sees no CUDA device: exit 2, one line naming the flag, no traceback,
+    nothing written, no Ray started."""
+    run = tmp_path / "run"
+    code = (
+        "import sys; from marti_ibrl.cli import main; "
+        f"rc = main(['train', '--train.device', 'cuda', '--role1.pretrain', {ckpt!r}, '--role2.pretrain', {ckpt!r}, "
+        f"'--ckpt.path', {str(run)!r}]); "
+        "import ray; print(rc, ray.is_initialized())"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert res.stdout.strip() == "2 False", res.stdout + res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    # importing torch may print a third-party warning (e.g. pynvml's deprecation): two lines, not ours
+    lines = re.sub(r"(?m)^\S+:\d+: \w*Warning: .*\n(?:  .*\n)?", "", res.stderr).strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("marti-ibrl train: error: --train.device: cuda, but torch ("), lines[0]
+    assert lines[0].endswith("sees no CUDA device here; use cpu (or auto) on this machine"), lines[0]
+    assert not run.exists()
+
+
+def test_demo_cuda_without_cuda_fails_before_the_sft_step(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The demo's recipe asks for cuda where there is none: one line, exit 2, before the (slow) SFT warm start."""
+    import torch
+
+    from marti_ibrl.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recipe = tmp_path / "cuda.yaml"
+    recipe.write_text("train:\n  device: cuda\n")
+    assert main(["demo", "--config", str(recipe), "--out", str(tmp_path / "demo")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and not (tmp_path / "demo").exists()
+    assert err.splitlines() == [
+        f"marti-ibrl demo: error: --train.device: cuda, but torch ({torch.__version__}, "
+        f"{'CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'}) sees no CUDA device here; "
+        f"use cpu (or auto) on this machine (set in {recipe})"
+    ]
+
+
+def test_train_fails_early_when_no_first_prompt_fits_max_len(tmp_path: Path, monkeypatch, capsys) -> None:
+    """System prompts leaving no room for --rollout.max_new_tokens under --rollout.max_len: one line naming
+    --rollout.max_len with the prompt's size and the cap it needs, before Ray starts or the run dir is written."""
+    from transformers import AutoTokenizer
+
+    from marti_ibrl import trainer
+    from marti_ibrl.cli import main
+    from marti_ibrl.envs import make_env
+    from marti_ibrl.rollout.render import RoleView
+    from marti_ibrl.tiny import build_tiny_dond_model
+
+    model = build_tiny_dond_model(tmp_path / "tiny")
+    monkeypatch.setattr(trainer, "init_ray", lambda *a: pytest.fail("Ray started before the prompt check"))
+    run = tmp_path / "run"
+    flags = ["--role1.pretrain", model, "--role2.pretrain", model, "--env.prompt_style", "compact"]
+    flags += ["--rollout.max_new_tokens", "16", "--train.device", "cpu", "--ckpt.path", str(run)]
+    cfg = load_config(flags)
+    env, scenarios = make_env(cfg.env, cfg.train.seed)
+    tok = AutoTokenizer.from_pretrained(model)
+    sizes = {
+        (uid, role): len(RoleView(tok, env.system_prompt(s, role)).generation_prompt())
+        for uid, s in scenarios[: trainer.PROMPT_CHECK_SCENARIOS]
+        for role in env.roles
+    }
+    (uid, role), longest = max(sizes.items(), key=lambda x: x[1])
+    short = longest + 16 - 1
+    n_over = len({u for (u, _), n in sizes.items() if n + 16 > short})
+    capsys.readouterr()  # the model build's progress bars
+    assert main(["train", *flags, "--rollout.max_len", str(short)]) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        f"marti-ibrl train: error: --rollout.max_len: {short} leaves no room for a first turn: {role}'s prompt for "
+        f"scenario {uid} is {longest} tokens before --rollout.max_new_tokens 16 (prompts of {n_over} of the first "
+        f"{trainer.PROMPT_CHECK_SCENARIOS} scenarios do not fit); need --rollout.max_len >= {longest + 16}"
+    ]
+    assert not run.exists()
+    trainer.check_first_turns_fit(load_config([*flags, "--rollout.max_len", str(longest + 16)]), env, scenarios)
 
 
 # -- opponent pools, ablations, frozen counterparts ------------------------------------------------------------------

@@ -130,3 +130,21 @@ def test_colocated_reference_takes_no_device_of_its_own(run):
     # per role: actor 1 + reference 1 + engine 1 + pool engine 1; role1's reference on its actor's slot
     assert slots == device_slots(cfg) == device_slots(apart) - 1 == 7
     assert all("agent1/policy_loss" in m for m in history)  # ... and role1 trained with it (KL on: reference used)
+
+
+def test_topology_records_what_ran(run):
+    """RUN/topology.json: per role what its stack started (this run's config), the device and the Ray node."""
+    tmp, _, _, (cfg, slots) = run
+    topo = json.loads((tmp / "run" / "topology.json").read_text())
+    assert topo["device"] == "cpu" and topo["frozen"] == {}
+    expected_reference = {"agent1": "colocated", "agent2": "separate"}  # --role1.colocate_ref true; both kl_coef > 0
+    for role in cfg.roles:
+        got = topo["trained"][role.name]
+        assert got["ranks"] == role.num_nodes * role.num_gpus_per_node == 1
+        assert (got["zero_stage"], got["param_dtype"]) == (cfg.ds.zero_stage, cfg.ds.param_dtype)
+        assert (got["engine_kind"], got["engines"], got["tensor_parallel_size"]) == ("hf", role.num_engines, 1)
+        assert got["pool_engines"] == cfg.pool.num_engines == 1  # pools on (default pool.probs)
+        assert got["weight_sync"] == "object_store"  # CPU: no NCCL group
+        assert got["reference"] == expected_reference[role.name]
+    [node] = topo["nodes"]  # the local Ray: one live node with one logical "GPU" per device slot
+    assert node["alive"] and node["resources"]["GPU"] == slots and node["address"]

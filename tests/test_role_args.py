@@ -63,3 +63,29 @@ def test_start_up_batch_holds_the_iteration_in_whole_micro_batches(model: str, g
     )
     a1, a2 = (role_args(cfg, r, "cpu") for r in cfg.roles)
     assert (a1.train.batch_size, a2.train.batch_size) == (batch, 12)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_ray_processes_get_no_forced_nccl_cumem(device: str, monkeypatch) -> None:
+    """NCCL_CUMEM_ENABLE is left to OpenRLHF (it sets 0 only for vLLM < 0.16; under NCCL 2.27+ it breaks
+    ncclCommInitRank); a value the user set reaches every Ray process, on a local Ray and on a cluster."""
+    import ray
+
+    from marti_ibrl.backend import openrlhf_glue
+    from marti_ibrl.procenv import ray_env_vars
+
+    seen: list[dict] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append(kw["runtime_env"]["env_vars"]))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 8})
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    openrlhf_glue.start_ray(2, device)
+    openrlhf_glue.start_ray(2, device, address="ray://head:10001")
+    assert [("NCCL_CUMEM_ENABLE" in env, env["TOKENIZERS_PARALLELISM"]) for env in seen] == [(False, "false")] * 2
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")
+    seen.clear()
+    openrlhf_glue.start_ray(2, device)
+    openrlhf_glue.start_ray(2, device, address="ray://head:10001")
+    assert [env["NCCL_CUMEM_ENABLE"] for env in seen] == ["1", "1"]
+    assert ray_env_vars({"NCCL_CUMEM_ENABLE": "0"})["NCCL_CUMEM_ENABLE"] == "0"
+    assert "NCCL_CUMEM_ENABLE" not in ray_env_vars({})

@@ -19,7 +19,15 @@ from marti_ibrl.rewards import env_reward
 from marti_ibrl.rollout import runner as runner_module
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.players import ScriptedBotPlayer
-from marti_ibrl.rollout.runner import COUNTERPART_FAILURE, DialogueRunner, Policy, seats_for
+from marti_ibrl.rollout.render import RoleView
+from marti_ibrl.rollout.runner import (
+    CONTEXT_LIMIT,
+    COUNTERPART_FAILURE,
+    DialogueRunner,
+    Policy,
+    first_turns_overflowing,
+    seats_for,
+)
 from marti_ibrl.tiny import IM_END, IM_START
 
 tok = test_runner.tok  # module-scoped fixture, re-exported so pytest finds it here
@@ -93,13 +101,13 @@ def env() -> DondEnv:
     return DondEnv(prompt_style="compact", max_rounds=6)
 
 
-def _run(env, tok, policies_for_agent2, seed: int = 0, max_live: int | None = None, reward_fns=None):
+def _run(env, tok, policies_for_agent2, seed: int = 0, max_live: int | None = None, reward_fns=None, max_len=4096):
     engine = SeededFakeEngine(tok)
     runner = DialogueRunner(
         env,
         reward_fns=reward_fns or {r: env_reward(env) for r in ROLES},
         sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": MAX_NEW_TOKENS},
-        max_len=4096,
+        max_len=max_len,
         max_resamples=2,
     )
     current = Policy("current", [engine], tok)
@@ -317,3 +325,38 @@ def test_max_live_refills_finished_dialogues_in_request_order(env, tok, vs_greed
     assert len(engine.calls) > len(unbounded.calls)  # smaller batches, more of them
     with pytest.raises(ValueError, match="max_live must be >= 1"):
         _run(env, tok, _bot("greedy"), max_live=0)
+
+
+def _first_prompt_lengths(env, tok, role: str) -> dict[str, int]:
+    return {uid: len(RoleView(tok, env.system_prompt(s, role)).generation_prompt()) for uid, s in SCENARIOS}
+
+
+def test_a_first_prompt_that_leaves_no_room_is_never_sent(env, tok, no_ray) -> None:
+    """The first turn obeys the context rule of later turns: agent1's system prompt + max_new_tokens over max_len
+    ends the dialogue as context_limit (truncated, no deal) without an engine call, whoever opens."""
+    first = _first_prompt_lengths(env, tok, "agent1")
+    max_len = min(first.values()) + MAX_NEW_TOKENS - 1  # one token short for every scenario
+    trajs, engine = _run(env, tok, _bot("greedy"), max_len=max_len)
+    assert engine.calls == []  # agent1's prompt never went out: not as opener, not after the bot's opening
+    assert len(trajs) == len(SCENARIOS) * N_SAMPLES
+    for t in trajs:
+        assert t.truncated and not t.outcome.agreed and not t.outcome.malformed
+        assert t.outcome.info["reason"] == CONTEXT_LIMIT
+        assert t.rewards == {"agent1": 0.0, "agent2": 0.0}
+        assert t.views["agent1"].action_ranges == [] and len(t.views["agent1"].messages) == 1 + (t.seats[0] != "agent1")
+        # agent1 opening: ended before any turn; the bot opening: its turn is played, then agent1's prompt is full
+        assert [turn.role for turn in t.turns] == ([] if t.seats[0] == "agent1" else ["agent2"])
+    assert {t.seats[0] for t in trajs} == {"agent1", "agent2"}  # both paths were taken
+    assert first_turns_overflowing(env, SCENARIOS, {"agent1": [tok]}, MAX_NEW_TOKENS, max_len) == [
+        (uid, "agent1", n) for uid, n in first.items()
+    ]
+
+
+def test_a_first_prompt_that_just_fits_is_sent(env, tok, no_ray) -> None:
+    first = _first_prompt_lengths(env, tok, "agent1")
+    max_len = max(first.values()) + MAX_NEW_TOKENS  # exactly room for one turn: the rule is "> max_len"
+    trajs, engine = _run(env, tok, _bot("greedy"), max_len=max_len)
+    opened = [t for t in trajs if t.seats[0] == "agent1"]
+    assert opened and all(t.turns and t.turns[0].role == "agent1" for t in opened)
+    assert len(engine.calls[0]["sessions"]) == len(opened)  # the first call: every dialogue agent1 opens
+    assert first_turns_overflowing(env, SCENARIOS, {"agent1": [tok], "agent2": []}, MAX_NEW_TOKENS, max_len) == []

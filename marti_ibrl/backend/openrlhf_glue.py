@@ -34,7 +34,7 @@ from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.algorithm.schedule import num_updates
 from marti_ibrl.config import Config, RoleConfig
 from marti_ibrl.placement import device_slots, has_reference, uses_pool
-from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, child_env_vars, share_one_gpu
+from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, ray_env_vars, share_one_gpu
 from marti_ibrl.rollout.engines import create_engines, params_digest
 
 
@@ -211,14 +211,6 @@ class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
 RolePolicyActor = ray.remote(num_gpus=1)(RolePolicyActorBase)
 
 
-def resolve_device(cfg: Config) -> str:
-    if cfg.train.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if cfg.train.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--train.device cuda: no CUDA device is visible")
-    return cfg.train.device
-
-
 def has_vllm() -> bool:
     import importlib.util
 
@@ -340,7 +332,7 @@ def start_ray(
     """
     if ray.is_initialized():
         return
-    env_vars = {**child_env_vars(), "NCCL_CUMEM_ENABLE": "0"}
+    env_vars = ray_env_vars()  # NCCL_CUMEM_ENABLE only as the user set it (OpenRLHF sets it where vLLM needs it)
     if not log_to_driver:
         import logging
 

@@ -20,7 +20,9 @@ carries a seed derived from the run seed and the call, so a resumed run replays 
 Malformed turns (the env says ``valid=False``) are re-sampled up to ``max_resamples`` times; the
 discarded attempts leave no trace. A turn still malformed after that ends the dialogue as
 malformed (no deal, the env's invalid penalty for its speaker). A dialogue whose next turn could not
-fit a role's context (``max_len``) ends without a deal (``context_limit``).
+fit a role's context (``max_len``, :func:`context_full`) ends without a deal (``context_limit``, ``truncated``);
+the first turn obeys the same rule, so a system prompt that leaves no room ends its dialogue before any engine
+sees the prompt (an engine would reject a prompt past its ``max_model_len`` and fail the whole batch).
 
 A reward function that raises :class:`~marti_ibrl.rewards.RewardUnavailable` (an LLM judge failing after its
 retries) leaves that role without a reward for the dialogue: the reason goes to ``trajectory.reward_failures``
@@ -79,6 +81,32 @@ def _engine_index(item: _Live, n_engines: int) -> int:
 def _cache_key(item: _Live, role: str) -> str:
     """An engine's prefix-cache key: one per dialogue and seat (a policy in both seats sees two different views)."""
     return f"{item.session}/{role}"
+
+
+def context_full(view: RoleView, max_new_tokens: int, max_len: int) -> bool:
+    """The context rule of every turn, the first included: the role's next prompt leaves no room for a whole turn
+    (``max_new_tokens``) within ``max_len`` tokens. Such a prompt is never sent to an engine."""
+    return len(view.generation_prompt()) + max_new_tokens > max_len
+
+
+def first_turns_overflowing(
+    env: DialogueEnv,
+    scenarios: Sequence[tuple[str, Any]],
+    tokenizers: Mapping[str, Sequence[Any]],
+    max_new_tokens: int,
+    max_len: int,
+) -> list[tuple[str, str, int]]:
+    """(uid, role, prompt tokens) of every first prompt that breaks :func:`context_full`: each scenario's system
+    prompt of each role, rendered with each of the role's tokenizers (the engine-served policies that may take its
+    seat; a text player has none), before any turn. Any seat can open (seats rotate), so every role is checked."""
+    out = []
+    for uid, scenario in scenarios:
+        for role in env.roles:
+            for tok in tokenizers.get(role, ()):
+                view = RoleView(tok, env.system_prompt(scenario, role))
+                if context_full(view, max_new_tokens, max_len):
+                    out.append((uid, role, len(view.generation_prompt())))
+    return out
 
 
 def seats_for(roles: Sequence[str], scenario_index: int, sample_index: int) -> list[str]:
@@ -162,9 +190,19 @@ class DialogueRunner:
         scoring: list[tuple[Trajectory, dict[str, Future]]] = []
         bar = tqdm(total=total, desc="rollout", unit="dlg", disable=not progress, leave=False)
         with ThreadPoolExecutor(max_workers=self.reward_workers) as pool, ThreadPoolExecutor(4) as players:
+
+            def end(item: _Live) -> None:
+                done.append(item.traj)
+                scoring.append((item.traj, self._score_async(pool, item.traj)))
+                bar.update(1)
+
             for turn in itertools.count():
                 while waiting and len(live) < cap:
-                    live.append(waiting.pop())
+                    item = waiting.pop()
+                    if self._end_if_context_full(item.traj):  # the opener's first prompt already leaves no room
+                        end(item)  # never sent to an engine; its views hold only the system prompt
+                    else:
+                        live.append(item)
                 if not live:
                     break
                 batches = self._dispatch(live, players, seed, turn)
@@ -179,9 +217,7 @@ class DialogueRunner:
                             still_live.append(item)
                         else:
                             ended.append(item)
-                            done.append(item.traj)
-                            scoring.append((item.traj, self._score_async(pool, item.traj)))
-                            bar.update(1)
+                            end(item)
                 live = still_live
                 self._end_sessions(ended)
             for traj, futures in scoring:
@@ -269,16 +305,21 @@ class DialogueRunner:
         item.attempts = 0
         if not result.valid:
             self.env.finish_malformed(traj.state, role)
-        elif not result.done and self._context_full(traj):
-            traj.truncated = True
-            self.env.abort(traj.state, CONTEXT_LIMIT)
+        elif not result.done:
+            self._end_if_context_full(traj)
         return not getattr(traj.state, "done", False)
 
-    def _context_full(self, traj: Trajectory) -> bool:
+    def _end_if_context_full(self, traj: Trajectory) -> bool:
+        """End the dialogue as ``context_limit`` (truncated, no deal) when the next speaker's prompt breaks
+        :func:`context_full`; before the first turn as after any other. True when it ended."""
         nxt = self.env.current_role(traj.state)
         if nxt not in traj.views:  # a text player: its context is its own business
             return False
-        return len(traj.views[nxt].generation_prompt()) + int(self.sampling["max_new_tokens"]) > self.max_len
+        if not context_full(traj.views[nxt], int(self.sampling["max_new_tokens"]), self.max_len):
+            return False
+        traj.truncated = True
+        self.env.abort(traj.state, CONTEXT_LIMIT)
+        return True
 
     def _score_async(self, pool: ThreadPoolExecutor, traj: Trajectory) -> dict[str, Future]:
         traj.outcome = self.env.outcome(traj.state)

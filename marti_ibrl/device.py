@@ -1,0 +1,27 @@
+"""The device a run uses (``--train.device``), checked before anything heavy is imported or started.
+
+Only torch is imported here: ``marti-ibrl train`` and ``demo`` call :func:`resolve_device` before the trainer (Ray,
+DeepSpeed, OpenRLHF), so a run asking for a device this machine lacks fails in one line, not a traceback.
+``marti-ibrl plan`` takes the flag too but never calls this: it sizes GPU jobs from machines without one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from marti_ibrl.config import ConfigError
+
+
+def resolve_device(requested: str) -> str:
+    """The device a ``--train.device`` value runs on: ``auto`` is cuda when torch sees a CUDA device, else cpu;
+    ``cuda`` without one is a :class:`~marti_ibrl.config.ConfigError` naming the flag."""
+    cuda = torch.cuda.is_available()
+    if requested == "auto":
+        return "cuda" if cuda else "cpu"
+    if requested == "cuda" and not cuda:
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ConfigError(
+            f"--train.device: cuda, but torch ({torch.__version__}, {build}) sees no CUDA device here; "
+            "use cpu (or auto) on this machine"
+        )
+    return requested
