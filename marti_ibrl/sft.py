@@ -49,6 +49,8 @@ DEMO_SFT: dict[str, Any] = dict(
 )
 # The tiny model the demo warm-starts (keyword arguments of marti_ibrl.tiny.build_tiny_model).
 DEMO_TINY_MODEL: dict[str, Any] = dict(hidden_size=64, num_layers=2, intermediate_size=128)
+# Its heads when vLLM serves it (``rollout.engine: vllm``): vLLM's CPU attention needs head_dim >= 32 (64 / 2).
+VLLM_TINY_HEADS: dict[str, Any] = dict(num_heads=2, num_kv_heads=1)
 # Generation cap of the validity check. Scripted-bot turns are 30-60 tokens with the tiny tokenizer (mean ~45),
 # so rollout.max_new_tokens=48 truncates many well-formed turns.
 VALIDITY_MAX_NEW_TOKENS = 64

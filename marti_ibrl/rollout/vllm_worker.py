@@ -6,23 +6,28 @@ are reachable with ``collective_rpc``. Imports nothing from vLLM at module level
 
 from __future__ import annotations
 
+import sys
+
 from openrlhf.trainer.ray.vllm_worker_wrap import WorkerWrap
 
 
 def _plain_cpu_gemm(layer, remove_weight: bool) -> None:
-    """vLLM's CPU GEMM dispatch, minus the weight prepacking: every linear layer calls ``F.linear`` on its parameter."""
+    """vLLM's CPU GEMM dispatch without the weight prepacking: every linear layer calls ``F.linear`` on its parameter.
+
+    vLLM-CPU prepacks linear weights for oneDNN after loading and drops the parameters; reloading them in place
+    (``reload_weights``, vLLM's RL path) then served logits that matched neither the old nor the new weights (greedy
+    tokens differed from HF's on the same weights, measured here). With plain parameters every reload is exact.
+    ``benchmarks/rollout_engines.py`` measures the engine as it runs, with this in place. Only CPU calls it.
+    """
     import torch
 
     layer.cpu_linear = torch.nn.functional.linear
 
 
-def _keep_cpu_weights() -> None:
-    import vllm.model_executor.layers.utils as layer_utils
+if sys.modules.get("vllm") is not None:  # inside a vLLM worker (vLLM imports this module as its worker_extension_cls)
+    import vllm.model_executor.layers.utils as _layer_utils
 
-    layer_utils.dispatch_cpu_unquantized_gemm = _plain_cpu_gemm
-
-
-_keep_cpu_weights()
+    _layer_utils.dispatch_cpu_unquantized_gemm = _plain_cpu_gemm
 
 
 class StateDictBox:
