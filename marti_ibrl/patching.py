@@ -1,7 +1,8 @@
-"""Apply, check and revert our patches (``patches/openrlhf/NNNN-*.patch``) on the installed OpenRLHF.
+"""Apply, check and revert our patches on the installed OpenRLHF (``patches/openrlhf/NNNN-*.patch``) and DeepSpeed
+(``patches/deepspeed/``): one :class:`Series` per package, each pinned to its version.
 
-The patches are plain unified diffs against the pristine ``openrlhf==0.11.2`` sources (paths
-``a/openrlhf/...``), applied with GNU ``patch -p1`` in the directory that holds the ``openrlhf``
+The patches are plain unified diffs against the pristine sources (``openrlhf==0.11.2``: paths ``a/openrlhf/...``;
+``deepspeed==0.19.6``: ``a/deepspeed/...``), applied with GNU ``patch -p1`` in the directory that holds the
 package (site-packages). Each patch is in exactly one of three states:
 
 - ``applied``   — it reverses cleanly (applying again is a no-op: idempotent);
@@ -23,7 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 OPENRLHF_VERSION = "0.11.2"
-PATCH_DIR = Path(__file__).resolve().parent.parent / "patches" / "openrlhf"
+PATCHES = Path(__file__).resolve().parent.parent / "patches"
+PATCH_DIR = PATCHES / "openrlhf"
+
+
+@dataclass(frozen=True)
+class Series:
+    """The patches of one installed package, for one pinned version of it."""
+
+    package: str
+    version: str
+    patch_dir: Path
+
+
+SERIES = (Series("openrlhf", OPENRLHF_VERSION, PATCH_DIR), Series("deepspeed", "0.19.6", PATCHES / "deepspeed"))
 
 
 class PatchError(RuntimeError):
@@ -44,20 +58,21 @@ def patch_files(patch_dir: Path = PATCH_DIR) -> list[Path]:
     return files
 
 
-def installed_root() -> Path:
-    """The directory containing the installed ``openrlhf`` package, after checking its version."""
+def installed_root(series: Series = SERIES[0]) -> Path:
+    """The directory containing the installed package of ``series`` (default openrlhf), after checking its version."""
+    package, pinned = series.package, series.version
     try:
-        version = importlib.metadata.version("openrlhf")
+        version = importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError as e:
-        raise PatchError("openrlhf is not installed (run `make install`)") from e
-    if version != OPENRLHF_VERSION:
+        raise PatchError(f"{package} is not installed (run `make install`)") from e
+    if version != pinned:
         raise PatchError(
-            f"installed openrlhf is {version}, but the patches are for {OPENRLHF_VERSION}; "
-            f"install openrlhf=={OPENRLHF_VERSION} (see README: upstreaming / rebasing the patches)"
+            f"installed {package} is {version}, but the patches are for {pinned}; "
+            f"install {package}=={pinned} (see README: upstreaming / rebasing the patches)"
         )
-    spec = importlib.util.find_spec("openrlhf")
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise PatchError("cannot locate the openrlhf package")
+        raise PatchError(f"cannot locate the {package} package")
     return Path(list(spec.submodule_search_locations)[0]).parent
 
 
@@ -95,11 +110,8 @@ def _plan(root: Path, scratch: Path, patch_dir: Path) -> list[PatchStatus]:
     ones, so only this order works); phase 2 applies every patch in order to the now-pristine copy.
     """
     patches = patch_files(patch_dir)
-    shutil.copytree(
-        root / "openrlhf",
-        scratch / "openrlhf",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    for package in sorted({rel.split("/")[0] for rel in _touched_files(patches)}):  # openrlhf, deepspeed
+        shutil.copytree(root / package, scratch / package, ignore=shutil.ignore_patterns("__pycache__"))
     applied = set()
     for p in reversed(patches):
         if _patch(scratch, p, "--reverse", "--dry-run").returncode == 0:
@@ -129,7 +141,7 @@ def _transition(root: Path, patch_dir: Path, want_applied: bool) -> list[str]:
         bad = [s for s in statuses if s.state == "conflict"]
         if bad:
             lines = "\n".join(f"  {s.name}: {s.detail}" for s in bad)
-            raise PatchError(f"patch does not apply to the installed openrlhf (nothing was changed):\n{lines}")
+            raise PatchError(f"patch does not apply to the installed package (nothing was changed):\n{lines}")
         changing = [s.name for s in statuses if (s.state == "pending") == want_applied]
         if not changing:
             return []
@@ -154,17 +166,24 @@ def revert(root: Path, patch_dir: Path = PATCH_DIR) -> list[str]:
 
 
 def main(action: str, root: str | None = None) -> int:
-    """``marti-ibrl patch apply|check|revert [--root DIR]``; check exits 1 unless every patch is applied."""
-    target = Path(root) if root else installed_root()
-    if action == "apply":
-        done = apply(target)
-        print(f"applied {len(done)} patch(es)" + (": " + ", ".join(done) if done else " (all already applied)"))
-        return 0
-    if action == "revert":
-        done = revert(target)
-        print(f"reverted {len(done)} patch(es)" + (": " + ", ".join(done) if done else ""))
-        return 0
-    statuses = status(target)
-    for s in statuses:
-        print(f"{s.state:9s} {s.name}" + (f"\n{s.detail}" if s.detail else ""))
-    return 0 if all(s.state == "applied" for s in statuses) else 1
+    """``marti-ibrl patch apply|check|revert [--root DIR]``: every series on the installed packages, or the
+    OpenRLHF series on the openrlhf package under ``DIR``; check exits 1 unless every patch is applied."""
+    targets = [(SERIES[0], Path(root))] if root else [(s, installed_root(s)) for s in SERIES]
+    ok = True
+    for series, target in targets:
+        name = series.package
+        if action == "apply":
+            done = apply(target, series.patch_dir)
+            print(
+                f"{name}: applied {len(done)} patch(es)"
+                + (": " + ", ".join(done) if done else " (all already applied)")
+            )
+        elif action == "revert":
+            done = revert(target, series.patch_dir)
+            print(f"{name}: reverted {len(done)} patch(es)" + (": " + ", ".join(done) if done else ""))
+        else:
+            statuses = status(target, series.patch_dir)
+            for s in statuses:
+                print(f"{s.state:9s} {name}/{s.name}" + (f"\n{s.detail}" if s.detail else ""))
+            ok = ok and all(s.state == "applied" for s in statuses)
+    return 0 if ok else 1

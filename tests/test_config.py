@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -480,3 +481,23 @@ def test_heldout_bots_are_refused_as_training_counterparts(ckpt: str, frozen: st
     assert "\n" not in msg
     with pytest.raises(ConfigError, match=r"^--role1\.frozen: heldout:slow_conceder: held-out counterparts are"):
         load_config(["--role1.frozen", "heldout:slow_conceder", "--role2.pretrain", ckpt])
+
+
+def test_rollout_engine_choices_and_vllm_cpu_head_dim(tmp_path: Path, base: list[str]) -> None:
+    """``--rollout.engine``: auto | vllm | hf; vLLM on CPU refuses, up front, a model whose heads are under 32 wide."""
+    import json
+
+    with pytest.raises(ConfigError, match=r"^--rollout.engine: must be one of \('auto', 'vllm', 'hf'\)$"):
+        load_config([*base, "--rollout.engine", "sglang"])
+    narrow, wide = tmp_path / "narrow", tmp_path / "wide"
+    for d, heads in ((narrow, 4), (wide, 2)):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": heads}))
+    flags = ["--rollout.engine", "vllm", "--train.device", "cpu", "--role2.pretrain", str(wide)]
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ConfigError, match="^--rollout.engine: vllm is not installed"):
+            load_config([*base, *flags])
+        return
+    with pytest.raises(ConfigError, match=r"^--rollout.engine: vLLM on CPU needs head_dim >= 32; \S+narrow has 16"):
+        load_config([*base, *flags, "--role1.pretrain", str(narrow)])
+    assert load_config([*base, *flags, "--role1.pretrain", str(wide)]).rollout.engine == "vllm"

@@ -149,12 +149,22 @@ def test_every_sample_trained_exactly_once(runs):
         assert m[f"{r}/rank0/samples_trained"] + m[f"{r}/rank1/samples_trained"] == m[f"{r}/samples_made"]
 
 
-def test_checkpoints_written(runs):
-    _, a, *_ = runs
-    for r in ("agent1", "agent2"):
-        assert (a / r / "ckpt" / "_actor" / "global_step3").is_dir()
-        assert (a / r / "hf" / "model.safetensors").is_file()
+def test_checkpoints_written_and_the_hf_export_is_the_trained_state(runs):
+    """The final HF export (OpenRLHF's save_model: ZeRO-3 consolidation) equals the DeepSpeed checkpoint's fp32
+    weights of the same step; without patches/deepspeed/0001 one tensor came out with another rank's half wrong."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    _, a, b, *_ = runs
     assert json.loads((a / "trainer_state.json").read_text())["iteration"] == 3
+    for run in (a, b):
+        for r in ("agent1", "agent2"):
+            ckpt = run / r / "ckpt" / "_actor"
+            assert (ckpt / "global_step3").is_dir()
+            master = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="global_step3")
+            export = _weights(run / r / "hf")
+            assert export.keys() <= master.keys()
+            wrong = [k for k in export if not torch.equal(export[k], master[k].float())]
+            assert not wrong, (run.name, r, wrong)
 
 
 def test_resume_from_iteration_2_replays_iteration_3(runs):

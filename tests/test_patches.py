@@ -102,7 +102,11 @@ def _first_removed_line(patch: Path) -> tuple[str, str] | None:
 
 @pytest.mark.parametrize("which", [0, -1])
 def test_conflict_raises_and_changes_no_file(root: Path, which: int) -> None:
-    patch = [p for p in patching.patch_files() if _first_removed_line(p)][which]
+    # patches whose first removed line is in the pristine sources (0008's removes a line 0002 added)
+    pristine = [
+        p for p in patching.patch_files() if (r := _first_removed_line(p)) and r[1] in (root / r[0]).read_text()
+    ]
+    patch = pristine[which]
     rel, line = _first_removed_line(patch)
     path = root / rel
     text = path.read_text()
@@ -156,9 +160,25 @@ def test_installed_root_checks_the_version(monkeypatch: pytest.MonkeyPatch) -> N
         patching.installed_root()
 
 
-def test_installed_package_is_fully_patched() -> None:
-    states = {s.name: s.state for s in patching.status(patching.installed_root())}
-    assert set(states.values()) == {"applied"}, states
+@pytest.mark.parametrize("series", patching.SERIES, ids=lambda s: s.package)
+def test_installed_package_is_fully_patched(series: patching.Series) -> None:
+    states = {s.name: s.state for s in patching.status(patching.installed_root(series), series.patch_dir)}
+    assert states and set(states.values()) == {"applied"}, states
+
+
+def test_deepspeed_series_reverts_and_applies_on_a_copy(tmp_path: Path) -> None:
+    """The DeepSpeed series on a copy of the installed (patched) deepspeed: revert gives DeepSpeed's own line back,
+    apply restores ours, and a second apply changes nothing."""
+    series = patching.SERIES[1]
+    engine = Path("deepspeed/runtime/engine.py")
+    (tmp_path / engine).parent.mkdir(parents=True)
+    (tmp_path / engine).write_bytes((patching.installed_root(series) / engine).read_bytes())
+    ours, theirs = 'param.detach().to("cpu", copy=True)', "state_dict[key] = param.detach().cpu()"
+    assert ours in (tmp_path / engine).read_text()
+    assert patching.revert(tmp_path, series.patch_dir) == [p.name for p in patching.patch_files(series.patch_dir)]
+    assert theirs in (tmp_path / engine).read_text() and ours not in (tmp_path / engine).read_text()
+    assert patching.apply(tmp_path, series.patch_dir) and ours in (tmp_path / engine).read_text()
+    assert patching.apply(tmp_path, series.patch_dir) == []
 
 
 def test_no_patches_found(tmp_path: Path) -> None:
@@ -166,7 +186,9 @@ def test_no_patches_found(tmp_path: Path) -> None:
         patching.patch_files(tmp_path)
 
 
-@pytest.mark.parametrize("patch", patching.patch_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "patch", [p for s in patching.SERIES for p in patching.patch_files(s.patch_dir)], ids=lambda p: p.name
+)
 def test_each_patch_has_a_what_why_tested_header(patch: Path) -> None:
     text = patch.read_text()
     assert "diff --git " in text

@@ -67,11 +67,15 @@ AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
 
 def params_digest(named_params) -> str:
     """sha256 over (name, fp32 value) pairs in name order: equal digests mean equal weights, across processes,
-    dtypes and the order a file or a broadcast delivered them in."""
+    dtypes and the order a file or a broadcast delivered them in. Each value is hashed as it comes (a ZeRO-3
+    parameter is whole only while it is gathered)."""
+    hashed = []
+    for name, p in named_params:
+        hashed.append((name, hashlib.sha256(p.detach().float().cpu().contiguous().numpy().tobytes()).digest()))
     h = hashlib.sha256()
-    for name, p in sorted(named_params, key=lambda item: item[0]):
+    for name, value in sorted(hashed):
         h.update(name.encode())
-        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+        h.update(value)
     return h.hexdigest()
 
 
