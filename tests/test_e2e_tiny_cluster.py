@@ -51,7 +51,10 @@ def _train(flags: list[str], after_save=None) -> tuple[list[dict], list[dict], d
     from marti_ibrl.trainer import IBRLTrainer
 
     trainer = IBRLTrainer(load_config(flags))
-    seen: list[dict] = []
+    # after start-up: the first broadcast (actor -> engines) must leave the actor as loaded
+    seen: list[dict] = [
+        {r: {"actor": s.weights_digest(), "engines": s.engine_digests()} for r, s in trainer.stacks.items()}
+    ]
     iteration, save = trainer.iteration, trainer.save
 
     def recorded(k: int) -> dict:
@@ -130,12 +133,15 @@ def test_weights_change_on_due_iterations_only_and_engines_hold_them(runs):
 
     init = params_digest(_weights(Path(model)).items())
     for r in ("agent1", "agent2"):
-        digests = [init] + [s[r]["actor"] for s in seen]
+        digests = [s[r]["actor"] for s in seen]  # start-up, then after each iteration
+        assert digests[0] == init, r  # ZeRO-3 + gloo: broadcasting in place once changed the actor's weights
         for k, m in enumerate(history, start=1):
             assert (digests[k] != digests[k - 1]) == bool(m[f"{r}/updated"]), (r, k)
-            assert set(seen[k - 1][r]["engines"]) == {digests[k]}, (r, k)  # every engine synced to the actor
-            if seen[k - 1][r]["pool"] is not None:  # the pool engine serves its snapshot file
-                assert set(seen[k - 1][r]["pool"]) == {seen[k - 1][r]["pool_file"]}
+        for k, snap in enumerate(seen):
+            assert set(snap[r]["engines"]) == {digests[k]}, (r, k)  # every engine synced to the actor
+            if snap[r].get("pool") is not None:  # the pool engine serves its snapshot file
+                assert set(snap[r]["pool"]) == {snap[r]["pool_file"]}
+        assert all(m[f"{r}/policy_loss"] == m[f"{r}/policy_loss"] for m in history if m[f"{r}/updated"])  # no NaN
     assert len(seen[0]["agent1"]["engines"]) == 2
 
 
@@ -171,7 +177,7 @@ def test_resume_from_iteration_2_replays_iteration_3(runs):
     _, a, b, (history_a, seen_a, _), (history_b, seen_b, _) = runs
     state_a, state_b = (json.loads((d / "trainer_state.json").read_text()) for d in (a, b))
     assert state_b["rollout_log"] == state_a["rollout_log"]
-    assert [m["iteration"] for m in history_b] == [1, 2, 3] and len(seen_b) == 1  # B ran iteration 3 only
+    assert [m["iteration"] for m in history_b] == [1, 2, 3] and len(seen_b) == 2  # start-up, then iteration 3 only
     assert history_b[2]["rollout/agreement"] == history_a[2]["rollout/agreement"]
     for r in ("agent1", "agent2"):
         wa, wb = _weights(a / r / "hf"), _weights(b / r / "hf")
