@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     rng = random.Random(1)
     prompts = [[rng.randrange(3, vocab) for _ in range(a.prompt_len)] for _ in range(a.batch)]
     max_len = a.prompt_len + a.turns * (a.new_tokens + 8) + 8
-    start_ray(1, "cpu", log_to_driver=False)
+    start_ray(3, "cpu", log_to_driver=False)  # one slot per engine: a killed engine keeps its placement group
     print(f"model {model}; batch {a.batch} x {a.prompt_len} prompt tokens, {a.new_tokens} new; {a.turns} turns")
     rows = {}
     for name, kind, prefix in (("vllm", "vllm", True), ("vllm-no-prefix-cache", "vllm", False), ("hf", "hf", False)):
