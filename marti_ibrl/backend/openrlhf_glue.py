@@ -105,13 +105,17 @@ class IsolatedExperienceMaker(RemoteExperienceMaker):
         of R; their log-probs are discarded before the advantages (Eq. 4), so groups and baselines never see them.
         """
         samples_list = self.split_rollout_samples(rollout_samples)
-        group = self.actor_model_group
-        ranks = len(group._actor_handlers) // group.duplicate_actors
+        ranks = data_parallel_ranks(self.actor_model_group)
         n = len(samples_list)
         pad_id = self.tokenizer.pad_token_id
         fill = [Experience.concat_experiences(rollout_samples[-1:], pad_id) for _ in range(-n % ranks)]
         experiences = self.make_experience(samples_list + fill)[:n]
         return self.compute_advantages_and_returns(experiences)
+
+
+def data_parallel_ranks(group: RayActorGroup) -> int:
+    """R: an actor group's data-parallel ranks (actors in a ring / tensor-parallel group share one rank's data)."""
+    return len(group._actor_handlers) // group.duplicate_actors
 
 
 class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
@@ -303,8 +307,9 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     a.vllm.num_engines = role.num_engines
     a.vllm.tensor_parallel_size = role.tensor_parallel_size
     a.vllm.gpu_memory_utilization = role.gpu_memory_utilization
-    a.vllm.sync_backend = weight_sync_backend(engine_kind(cfg.rollout.engine, device), device)
-    a.vllm.enable_prefix_caching = engine_kind(cfg.rollout.engine, device) == "vllm"  # reset after each sync
+    kind = engine_kind(cfg.rollout.engine, device)
+    a.vllm.sync_backend = weight_sync_backend(kind, device)
+    a.vllm.enable_prefix_caching = kind == "vllm"  # OpenRLHF resets the engines' prefix caches after each sync
     if device == "cuda" and share_one_gpu():  # every slot is the one GPU
         a.local_rank = 0
     a.vllm.sync_group_name = f"ibrl_{role.name}"  # patch 0004: roles never share a sync group
@@ -445,8 +450,7 @@ class RoleStack:
 
     @property
     def dp_ranks(self) -> int:
-        """R: the role's data-parallel ranks (actors in a ring / tensor-parallel group share one rank's data)."""
-        return len(self.actor._actor_handlers) // self.actor.duplicate_actors
+        return data_parallel_ranks(self.actor)
 
     def fit_async(self, experiences: list, seed: int) -> tuple[list | None, RankSplit]:
         """Start the role's update: refs to its status (None when it has no sample), and how its samples were dealt.
