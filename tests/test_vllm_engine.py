@@ -34,7 +34,7 @@ def engine(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("vllm")
     model = build_tiny_dond_model(tmp / "tiny", **DEMO_TINY_MODEL, **VLLM_TINY_HEADS)
-    start_ray(1, "cpu", log_to_driver=False)
+    start_ray(2, "cpu", log_to_driver=False)  # this engine, and one started and stopped by FrozenEngines
     args = SimpleNamespace(vllm=SimpleNamespace(gpu_memory_utilization=0.5))
     (e,) = create_engines(args, model, 0, True, 1, 1, 256, dtype="fp32")
     yield e, model, tmp
@@ -113,3 +113,30 @@ def test_snapshot_file_and_object_store_loads_are_served(engine):
     ray.get(e.update_weights_from_state_dict.remote(ray.put(state)))
     assert ray.get(e.weights_digest.remote()) == params_digest(state.items())
     assert _max_logprob_gap(_hf(model, state), _generate(e)) < 1e-3
+
+
+def test_eval_engines_start_serve_and_stop_on_vllm(engine):
+    """``marti-ibrl eval --engine vllm``: FrozenEngines starts a checkpoint's vLLM engine, which samples as the
+    training engine does (same seed, same weights), and stops it with its placement group (the slot is free again)."""
+    import ray
+
+    from marti_ibrl.backend.openrlhf_glue import FrozenEngines
+
+    e, model, _ = engine
+    frozen = FrozenEngines("cpu", 1, seed=0, max_len=256, engine="vllm")
+    assert frozen.kind == "vllm"
+    ray.get(e.load_weights_file.remote(str(_reset_file(model, engine[2]))))  # the training engine back on `model`
+    (started,) = frozen.start(model)
+    assert [r["token_ids"] for r in _generate(started)] == [r["token_ids"] for r in _generate(e)]
+    frozen.stop([started])
+    again = frozen.start(model)  # would wait forever if the first one's placement group were still held
+    frozen.stop(again)
+
+
+def _reset_file(model: str, tmp) -> str:
+    from safetensors.torch import save_file
+
+    state = {k: v.contiguous() for k, v in _hf(model).state_dict().items() if k != "lm_head.weight"}
+    path = tmp / "initial.safetensors"
+    save_file(state, str(path))
+    return path

