@@ -32,14 +32,6 @@ pytestmark = [
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "dond" / "tiny-cluster-cpu.yaml"
 TOLERANCE = 1e-6
 
-# Known open defect: with ZeRO-3 on CPU, one attention projection (q/k/v: a module whose parameters DeepSpeed gathers
-# together) of a role sometimes holds other weights than it should: after start-up (run A, once) or after resuming a
-# checkpoint (run B, twice), in 3 of the last 4 runs here (2026-12-01). The checks below that see it are not strict
-# xfails: they pass when the defect does not strike and must become plain tests once its cause is fixed.
-ZERO3_DEFECT = pytest.mark.xfail(
-    strict=False, reason="ZeRO-3 on CPU: one attention projection's weights intermittently wrong (start-up, resume)"
-)
-
 
 def _flags(model: str, run_dir: Path, iterations: int, resume: bool = False) -> list[str]:
     return [
@@ -146,9 +138,8 @@ def test_engines_hold_the_actors_weights_after_every_sync(runs):
     assert len(seen[0]["agent1"]["engines"]) == 2
 
 
-@ZERO3_DEFECT
 def test_weights_change_on_due_iterations_only_with_finite_losses(runs):
-    """A corrupted projection can be garbage (NaN): then losses are NaN and NaN weights stay NaN through an update."""
+    """(Before patches/deepspeed/0001 a projection gathered half-written at start-up could be garbage: NaN losses.)"""
     _, _, _, (history, seen, _), _ = runs
     for r in ("agent1", "agent2"):
         digests = [s[r]["actor"] for s in seen]
@@ -180,16 +171,15 @@ def _export_matches_checkpoint(run: Path) -> None:
         assert not wrong, (run.name, r, wrong)
 
 
-@ZERO3_DEFECT
 def test_checkpoints_written_and_the_hf_export_is_the_trained_state(runs):
-    """The final HF export equals the DeepSpeed checkpoint's fp32 weights of the same step (before patches/deepspeed
-    and the per-parameter ZeRO-3 export, one attention projection came out with the second rank's half wrong)."""
+    """The final HF export (OpenRLHF's, via DeepSpeed's module-wise consolidation) equals the DeepSpeed checkpoint's
+    fp32 weights of the same step: before patches/deepspeed/0001 one attention projection came out with the second
+    rank's half wrong."""
     _, a, *_ = runs
     assert json.loads((a / "trainer_state.json").read_text())["iteration"] == 3
     _export_matches_checkpoint(a)
 
 
-@ZERO3_DEFECT
 def test_start_up_leaves_the_actor_as_loaded(runs):
     """The first broadcast (actor -> engines, over gloo) must not change the actor: before patch 0008's copy it did."""
     from marti_ibrl.rollout.engines import params_digest
@@ -199,7 +189,6 @@ def test_start_up_leaves_the_actor_as_loaded(runs):
     assert {r: seen[0][r]["actor"] for r in ("agent1", "agent2")} == {"agent1": init, "agent2": init}
 
 
-@ZERO3_DEFECT
 def test_resumed_run_export_is_its_checkpoint(runs):
     _, _, b, *_ = runs
     _export_matches_checkpoint(b)
@@ -213,7 +202,6 @@ def test_resume_replays_the_opponents_and_scenarios(runs):
     assert json.dumps(history_b[:2]) == json.dumps(history_a[:2])  # (as text: NaN != NaN)
 
 
-@ZERO3_DEFECT
 def test_resume_from_iteration_2_replays_iteration_3(runs):
     _, a, b, (history_a, seen_a, _), (history_b, seen_b, _) = runs
     state_a, state_b = (json.loads((d / "trainer_state.json").read_text()) for d in (a, b))

