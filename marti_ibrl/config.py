@@ -183,7 +183,9 @@ class PoolConfig:
     """Opponent pools (paper §4.2, Eq. 6): historical checkpoints of each trained role."""
 
     size: int = 4
-    """K: checkpoints kept per role; the oldest is evicted first (``eviction``)."""
+    """K: checkpoints kept per role; the oldest is evicted first (``eviction``). The newest snapshot is the current
+    policy until the role updates again and is never drawn as history, so history is at most K-1 checkpoints deep
+    right after a snapshot."""
     snapshot_every: int = 1
     """Add a snapshot to the role's pool after every N of *that role's* updates."""
     probs: list[float] = field(default_factory=lambda: [0.7, 0.2, 0.1])
@@ -486,6 +488,12 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
     )
     need(all(p >= 0 for p in pool.probs), "pool.probs", f"probabilities must be >= 0, got {list(pool.probs)}")
     need(abs(sum(pool.probs) - 1.0) < 1e-6, "pool.probs", f"must sum to 1, got {sum(pool.probs):.6g}")
+    need(
+        len(trained) < 2 or pool.probs[0] >= 1.0 or pool.size >= 2 or pool.snapshot_every >= 2,
+        "pool.size",
+        "must be >= 2 with pool.snapshot_every 1: a pool of one then only ever holds the current policy (the snapshot "
+        "of the role's latest update), which is not history, so no role would ever face a historical checkpoint",
+    )
     for i, role in enumerate(cfg.roles, start=1):
         need(
             len(trained) < 2 or not (role.frozen and pool.probs[i] > 0),

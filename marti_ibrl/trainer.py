@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
@@ -26,7 +27,15 @@ from tqdm import tqdm
 from marti_ibrl.algorithm import ablations
 from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key
 from marti_ibrl.algorithm.batching import RankSplit
-from marti_ibrl.algorithm.pool import BOTH, OpponentPool, Snapshot, configurations, sample_configuration
+from marti_ibrl.algorithm.pool import (
+    BOTH,
+    OpponentPool,
+    Pairing,
+    Snapshot,
+    configurations,
+    pairings,
+    sample_configuration,
+)
 from marti_ibrl.algorithm.schedule import roles_due
 from marti_ibrl.backend.openrlhf_glue import RoleStack, engine_kind, init_ray, start_engines
 from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
@@ -40,6 +49,16 @@ from marti_ibrl.rollout.runner import DialogueRunner, Policy, first_turns_overfl
 from marti_ibrl.topology import topology, write_topology
 
 STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class Play:
+    """One scenario as played in one pairing of Eq. 6: every seat's policy and the roles whose groups it feeds."""
+
+    scenario: tuple[str, object]
+    index: int  # the scenario's position in the batch (its seat rotation)
+    policies: dict[str, Policy]
+    learners: tuple[str, ...]
 
 
 class ScenarioSampler:
@@ -76,7 +95,8 @@ class ScenarioSampler:
 
 
 def members(trajectories: Sequence[Trajectory], role: str, needed: Sequence[str] = ()) -> list[Trajectory]:
-    """The trajectories in role i's groups G_{i,q} (Eq. 4): its *current* policy acted — took the seat and
+    """The trajectories in role i's groups G_{i,q} (Eq. 4): they belong to role i's own pairing of Eq. 6
+    (``learners``, :func:`marti_ibrl.algorithm.pool.pairings`), its *current* policy acted — took the seat and
     spoke at least once (a dialogue can end before a role's first turn, e.g. the opener's malformed turn or
     a three-party deal refused early) —, no frozen counterpart failed to answer, and the rewards its training
     reward needs (``needed``, default its own) were computed: a judge failure drops the trajectory (counted,
@@ -86,6 +106,7 @@ def members(trajectories: Sequence[Trajectory], role: str, needed: Sequence[str]
         t
         for t in trajectories
         if acted_with_current_policy(t.policies, role)
+        and (t.learners is None or role in t.learners)  # its own Eq. 6 pairing
         and not t.failed
         and t.views[role].action_ranges
         and not needed & t.reward_failures.keys()
@@ -253,12 +274,20 @@ class IBRLTrainer:
         with timer("sample"):  # scenarios q and the opponent configuration of Eq. 6
             scenarios = self.sampler.next_batch(cfg.rollout.batch_size)
             configuration = self.sample_configuration(k)
-        with timer("opponents"):  # who plays each seat: current, pool snapshot, or frozen counterpart
-            seats, opponents = self.seat_policies(k, configuration, scenarios)
+        with timer("opponents"):  # per Eq. 6 pairing, who plays each seat: current, pool snapshot, frozen counterpart
+            plays, opponents = self.seat_policies(k, configuration, scenarios)
         with timer("rollout"):  # shared trajectories; per-role rewards R_i(τ) scored as dialogues finish
             trajectories = self.runner.run(
-                scenarios, cfg.rollout.n_samples_per_prompt, seats, progress=True, seed=self._seed("rollout", k)
+                [p.scenario for p in plays],
+                cfg.rollout.n_samples_per_prompt,
+                [p.policies for p in plays],
+                progress=True,
+                seed=self._seed("rollout", k),
+                rotation=[p.index for p in plays],  # both pairings of a scenario alternate openers alike
             )
+            g = cfg.rollout.n_samples_per_prompt
+            for i, t in enumerate(trajectories):  # (request order: play by play, G samples each)
+                t.learners = plays[i // g].learners
         with timer("snapshot_wait"):  # the previous iteration's exports ran alongside the rollout
             self.finish_snapshots()
         scored = self.training_rewards(trajectories)  # Eq. 4 membership; R_i (or an ablation's reward)
@@ -287,7 +316,7 @@ class IBRLTrainer:
             {
                 "iteration": k,
                 "configuration": configuration,
-                "opponents": opponents,
+                **opponents,  # "opponents" (every policy in each role's seat) and "pairings"
                 "scenarios": [u for u, _ in scenarios],
             }
         )
@@ -300,32 +329,55 @@ class IBRLTrainer:
             return BOTH
         return sample_configuration(self._rng("configuration", k), self.roles, self.cfg.pool.probs)
 
-    def seat_policies(self, k: int, configuration: str, scenarios) -> tuple[list[dict[str, Policy]], dict[str, str]]:
-        """Per scenario, the policy of every seat; and the iteration's opponents by role (for the log).
+    def seat_policies(self, k: int, configuration: str, scenarios) -> tuple[list[Play], dict]:
+        """The iteration's plays: every scenario once per pairing of ``configuration`` (Eq. 6,
+        :func:`~marti_ibrl.algorithm.pool.pairings`), with the policy of every seat and the roles it feeds; and
+        the log entry: every policy that played each role's seat, and each pairing's learners and seats.
 
-        A trained role plays as its current policy, or as a snapshot sampled from its pool when another
-        role is the learner facing history (an empty pool lends the current policy). A frozen role's
-        counterpart is sampled per scenario (pool-of-N).
+        In a pairing, a trained role plays as its current policy, or, if the pairing takes it from history, as a
+        snapshot sampled from its pool (one per role and iteration, strictly older than its current policy; a
+        pool without one lends the current policy). When that leaves nothing historical, the iteration is played
+        as one all-current pairing feeding every role. A frozen role's counterpart is sampled per scenario and
+        pairing (pool-of-N).
         """
         if configuration != BOTH:
             self.finish_snapshots()  # the pools must hold every snapshot up to iteration k-1
         rng = self._rng("opponents", k)
-        fixed: dict[str, Policy] = {}
-        for r, stack in self.stacks.items():
-            pool = self.pools.get(r)
-            if configuration in (BOTH, r) or pool is None or not len(pool):
-                fixed[r] = Policy("current", stack.engines, stack.tokenizer)
-                continue
-            snap = pool.sample(rng)
-            if self.pool_loaded.get(r) != snap.version:
-                ray.get([e.load_weights_file.remote(str(pool.path(snap))) for e in stack.pool_engines])
-                self.pool_loaded[r] = snap.version
-            fixed[r] = Policy(f"pool:{snap.version}", stack.pool_engines, stack.tokenizer)
-        seats = [{**fixed, **{r: rng.choice(ps) for r, ps in self.frozen.items()}} for _ in scenarios]
-        opponents = {r: p.name for r, p in fixed.items()}
-        for r in self.frozen:
-            opponents[r] = ",".join(sorted({s[r].name for s in seats}))
-        return seats, opponents
+        cast: list[tuple[Pairing, dict[str, Policy]]] = []
+        for pairing in pairings(configuration, self.trained):
+            fixed = {r: self._historical(r, rng) if r in pairing.history else self._current(r) for r in self.stacks}
+            cast.append((pairing, fixed))
+        if all(p.name == "current" for p in cast[0][1].values()):  # no history to face: current play for all
+            cast = [(Pairing(tuple(self.trained), ()), cast[0][1])]
+        plays = [
+            Play(scenario, i, {**fixed, **{r: rng.choice(ps) for r, ps in self.frozen.items()}}, pairing.learners)
+            for pairing, fixed in cast
+            for i, scenario in enumerate(scenarios)
+        ]
+        opponents = {r: ",".join(sorted({p.policies[r].name for p in plays})) for r in self.roles}
+        log = [
+            {"learners": list(pairing.learners), "seats": {r: p.name for r, p in fixed.items()}}
+            for pairing, fixed in cast
+        ]
+        return plays, {"opponents": opponents, "pairings": log}
+
+    def _current(self, role: str) -> Policy:
+        stack = self.stacks[role]
+        return Policy("current", stack.engines, stack.tokenizer)
+
+    def _historical(self, role: str, rng: random.Random) -> Policy:
+        """π_θi^(<k) on the role's pool engines: a snapshot older than the current policy (else the current one)."""
+        pool, stack = self.pools.get(role), self.stacks[role]
+        try:
+            snap = pool.sample(rng, older_than=self.updates[role]) if pool is not None else None
+        except LookupError:  # nothing older than the current policy yet
+            snap = None
+        if snap is None:
+            return self._current(role)
+        if self.pool_loaded.get(role) != snap.version:
+            ray.get([e.load_weights_file.remote(str(pool.path(snap))) for e in stack.pool_engines])
+            self.pool_loaded[role] = snap.version
+        return Policy(f"pool:{snap.version}", stack.pool_engines, stack.tokenizer)
 
     def training_rewards(self, trajectories: Sequence[Trajectory]) -> dict[str, list[tuple[Trajectory, float]]]:
         """Per trained role, its group members (Eq. 4) with the reward it optimises (R_i, or an ablation's)."""
@@ -448,6 +500,7 @@ class IBRLTrainer:
     ) -> dict[str, float]:
         n = len(trajectories)
         m: dict[str, float] = {"iteration": k, **timer.seconds}
+        m["rollout/dialogues"] = float(n)  # B × G per pairing: twice that in a history iteration (Eq. 6)
         m["rollout/agreement"] = sum(t.outcome.agreed for t in trajectories) / n
         m["rollout/malformed"] = sum(t.outcome.malformed for t in trajectories) / n
         m["rollout/turns"] = mean(len(t.turns) for t in trajectories)

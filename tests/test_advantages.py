@@ -330,3 +330,29 @@ def test_members_exclude_failed_dialogues_and_roles_that_never_spoke(tok) -> Non
     trajs = [full, failed, short]
     assert members(trajs, "agent1") == [full, short]
     assert members(trajs, "agent2") == [full]
+
+
+def test_members_are_of_the_roles_own_pairing(tok) -> None:
+    """Eq. 6 as written (p_agent1): agent1's groups hold the pairing current agent1 vs historical agent2, agent2's
+    hold the all-current pairing; the snapshot's tokens are in no group, and current agent1's all-current
+    dialogues are not in agent1's group either (they belong to agent2's pairing)."""
+    env = DondEnv(prompt_style="compact")
+    (s0,) = generate_scenarios(1, seed=5)
+    vs_history = [
+        _trajectory(tok, env, s0, "q0", {"agent1": "current", "agent2": "pool:3"}, {"agent1": 1, "agent2": 2}, g)
+        for g in range(2)
+    ]
+    current = [
+        _trajectory(tok, env, s0, "q0", {"agent1": "current", "agent2": "current"}, {"agent1": 1, "agent2": 2}, g)
+        for g in range(2)
+    ]
+    for t in vs_history:
+        t.learners = ("agent1",)
+    for t in current:
+        t.learners = ("agent2",)
+    trajs = vs_history + current
+    assert members(trajs, "agent1") == vs_history  # G members, all of its own pairing
+    assert members(trajs, "agent2") == current
+    for t in trajs:  # without pairings (learners None) every dialogue a role's current policy played is its own
+        t.learners = None
+    assert members(trajs, "agent1") == trajs and members(trajs, "agent2") == current

@@ -374,6 +374,10 @@ def test_pool_flags_are_applied(base: list[str]) -> None:
         (["--pool.probs", "[1.2,-0.1,-0.1]"], "probabilities must be >= 0"),
         (["--pool.probs", "[0.5,0.2,0.1]"], "must sum to 1, got 0.8"),
         (["--pool.size", "0"], "must be >= 1"),
+        (
+            ["--pool.size", "1"],
+            "must be >= 2 with pool.snapshot_every 1: a pool of one then only ever holds the current",
+        ),
         (["--pool.eviction", "lifo"], "must be oldest or random"),
         (["--pool.snapshot_every", "0"], "must be >= 1"),
         (["--pool.dtype", "fp16"], "must be bf16 or fp32"),

@@ -1,9 +1,10 @@
 """End to end: opponent pools (Eq. 6) through Ray + DeepSpeed + HF engines on CPU.
 
-``--pool.probs [0,1,0]``: every iteration is "agent1 (current) faces a historical agent2". Iteration 1
-has empty pools, so both play current; after it each role snapshots (v1). From iteration 2 on, agent2's
-seat is played by snapshot v1 on agent2's pool engines: agent2's current policy acts in no trajectory,
-so it has no group members and does not update, although its schedule says it is due.
+``--pool.probs [0,1,0]``: every iteration is "agent1 (current) faces a historical agent2", played as Eq. 6 writes
+it: agent1's groups hold current agent1 vs a snapshot of agent2, agent2's hold current agent2 vs the *current*
+agent1. Iteration 1 has empty pools and iteration 2 only agent2's v1, which is agent2's current policy (not history):
+both are played all-current, feeding both roles. Iteration 3 faces agent2's v1 on its pool engines (v2 is current):
+both pairings play the whole batch, and both roles update.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_e2e_ibrl import _same, _weights, tiny_flags
+from test_e2e_ibrl import _weights, tiny_flags
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +34,7 @@ def run(tmp_path_factory):
         [
             *tiny_flags(model, tmp / "run", 3),
             *("--role1.kl_coef", "0", "--role2.kl_coef", "0", "--ray.log_to_driver", "false"),
-            *("--pool.probs", "[0,1,0]", "--pool.size", "2"),
+            *("--pool.probs", "[0,1,0]", "--pool.size", "3"),
         ]
     )
     trainer = IBRLTrainer(cfg)
@@ -61,30 +62,39 @@ def _file_digest(model_dir, snapshot_file) -> str:
     return params_digest(model.named_parameters())
 
 
-def test_configurations_and_opponents_logged(run):
+def test_configurations_and_pairings_logged(run):
     _, trainer, _, _ = run
     log = trainer.rollout_log
+    current = {"agent1": "current", "agent2": "current"}
     assert [e["configuration"] for e in log] == ["agent1"] * 3
-    assert log[0]["opponents"] == {"agent1": "current", "agent2": "current"}  # pools empty at k=1
-    assert [e["opponents"] for e in log[1:]] == [{"agent1": "current", "agent2": "pool:1"}] * 2
+    for e in log[:2]:  # empty pools, then only agent2's current policy as v1: nothing historical to face
+        assert e["opponents"] == current
+        assert e["pairings"] == [{"learners": ["agent1", "agent2"], "seats": current}]
+    assert log[2]["opponents"] == {"agent1": "current", "agent2": "current,pool:1"}
+    assert log[2]["pairings"] == [
+        {"learners": ["agent1"], "seats": {"agent1": "current", "agent2": "pool:1"}},
+        {"learners": ["agent2"], "seats": current},
+    ]
 
 
-def test_historical_role_is_excluded_from_its_groups(run):
-    tmp, _, history, _ = run
-    assert [m["agent2/scheduled"] for m in history] == [1.0, 1.0, 1.0]
-    assert [m["agent2/updated"] for m in history] == [1.0, 0.0, 0.0]
-    assert [m["agent2/current_share"] for m in history] == [1.0, 0.0, 0.0]
-    assert [m["agent1/updated"] for m in history] == [1.0, 1.0, 1.0]
-    ckpt = tmp / "run" / "agent2" / "ckpt"
-    # no gradient reached agent2 from the trajectories its snapshot played
-    assert _same(_weights(ckpt / "global_step2_hf"), _weights(ckpt / "global_step1_hf"))
-    assert _same(_weights(ckpt / "global_step3_hf"), _weights(ckpt / "global_step1_hf"))
+def test_in_a_history_iteration_both_roles_update_from_their_own_pairing(run):
+    """Replaces the old check that agent2 skipped its update whenever agent1 faced history: as Eq. 6 writes it,
+    agent2 (current) then faces the current agent1 and learns from that pairing. Snapshot tokens are in no group:
+    each role's samples in iteration 3 come from its own pairing's B x G = 4 dialogues, out of the 8 played."""
+    _, _, history, _ = run
+    assert [m["rollout/dialogues"] for m in history] == [4.0, 4.0, 8.0]
+    for r in ("agent1", "agent2"):
+        assert [m[f"{r}/scheduled"] for m in history] == [1.0, 1.0, 1.0]
+        assert [m[f"{r}/updated"] for m in history] == [1.0, 1.0, 1.0]
+        assert all(0 < m[f"{r}/samples_made"] <= 4 for m in history), r
+    assert [m["agent2/current_share"] for m in history] == [1.0, 1.0, 0.5]
+    assert [m["agent1/current_share"] for m in history] == [1.0, 1.0, 1.0]
 
 
 def test_pool_manifests_and_files(run):
     tmp, trainer, history, _ = run
     state = json.loads((tmp / "run" / "trainer_state.json").read_text())
-    for role, versions in (("agent1", [2, 3]), ("agent2", [1])):  # K=2: agent1's v1 was evicted (oldest first)
+    for role, versions in (("agent1", [1, 2, 3]), ("agent2", [1, 2, 3])):  # K=3: nothing evicted yet
         pool_dir = tmp / "run" / "pool" / role
         manifest = json.loads((pool_dir / "manifest.json").read_text())
         assert manifest == state["pools"][role]

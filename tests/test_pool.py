@@ -13,9 +13,10 @@ from marti_ibrl.algorithm.pool import (
     BOTH,
     MANIFEST,
     OpponentPool,
+    Pairing,
     Snapshot,
     configurations,
-    faces_history,
+    pairings,
     sample_configuration,
 )
 
@@ -63,11 +64,28 @@ def _snap(version: int, role: str = "agent1") -> Snapshot:
 def test_configurations_order_matches_pool_probs() -> None:
     assert configurations(ROLES) == [BOTH, "agent1", "agent2"]
     assert configurations(("a", "b", "c")) == ["both", "a", "b", "c"]
-    # the learner of configuration "agent1" faces history in agent2's seat, nobody else does
-    assert faces_history("agent1", "agent1", "agent2")
-    assert not faces_history("agent1", "agent1", "agent1")
-    assert not faces_history("agent1", "agent2", "agent1")
-    assert not faces_history(BOTH, "agent1", "agent2")
+
+
+def test_pairings_give_each_role_its_own_opponent_as_eq6_writes() -> None:
+    """Eq. 6, p_agent1: (π_opp¹, π_opp²) = (π_θ2^(<k), π_θ1^(k)): agent1 (current) faces a historical agent2 and
+    learns from that pairing; agent2 (current) faces the *current* agent1 and learns from that one."""
+    assert pairings(BOTH, ROLES) == [Pairing(("agent1", "agent2"), ())]
+    assert pairings("agent1", ROLES) == [Pairing(("agent1",), ("agent2",)), Pairing(("agent2",), ())]
+    assert pairings("agent2", ROLES) == [Pairing(("agent2",), ("agent1",)), Pairing(("agent1",), ())]
+    # N roles: the configuration's role faces every other's history; every other role plays all-current
+    assert pairings("b", ("a", "b", "c")) == [Pairing(("b",), ("a", "c")), Pairing(("a", "c"), ())]
+    assert pairings("a", ("a",)) == [Pairing(("a",), ())]  # nobody else to learn from the current pairing
+    for c in configurations(ROLES):  # every trained role learns from exactly one pairing
+        learners = [r for p in pairings(c, ROLES) for r in p.learners]
+        assert sorted(learners) == sorted(ROLES)
+        assert all(not set(p.learners) & set(p.history) for p in pairings(c, ROLES))
+
+
+def test_pairings_reject_bad_input() -> None:
+    with pytest.raises(ValueError, match="'agent3' is neither 'both' nor a trained role"):
+        pairings("agent3", ROLES)
+    with pytest.raises(ValueError, match="must be distinct"):
+        pairings(BOTH, ("agent1", "agent1"))
 
 
 def test_sample_configuration_matches_eq6_probabilities() -> None:
@@ -192,8 +210,22 @@ def test_sample_is_uniform_over_members(tmp_path: Path) -> None:
 
 def test_sample_of_an_empty_pool_raises(tmp_path: Path) -> None:
     pool = OpponentPool(tmp_path, "agent2", size=3)
-    with pytest.raises(LookupError, match="'agent2' is empty"):
+    with pytest.raises(LookupError, match="the pool of 'agent2' has no snapshot \\(it holds 0\\)"):
         pool.sample(random.Random(0))
+
+
+def test_sample_older_than_leaves_out_the_current_policys_snapshot(tmp_path: Path) -> None:
+    """A snapshot of version v is the role's weights after its v-th update: with 6 updates done, v6 is the current
+    policy, so history (π^(<k)) is v4 and v5, uniformly; with nothing older the pool has no history to offer."""
+    pool = OpponentPool(tmp_path, "agent1", size=3)
+    for v in (4, 5, 6):
+        pool.add(_snap(v), random.Random(0))
+    rng = random.Random(3)
+    counts = Counter(pool.sample(rng, older_than=6).version for _ in range(2000))
+    assert set(counts) == {4, 5} and abs(counts[4] - 1000) < 120, counts
+    assert {pool.sample(rng, older_than=7).version for _ in range(200)} == {4, 5, 6}
+    with pytest.raises(LookupError, match="no snapshot of a version below 4 \\(it holds 3\\)"):
+        pool.sample(rng, older_than=4)
 
 
 def _touch(pool: OpponentPool, *versions: int) -> None:

@@ -360,3 +360,28 @@ def test_a_first_prompt_that_just_fits_is_sent(env, tok, no_ray) -> None:
     assert opened and all(t.turns and t.turns[0].role == "agent1" for t in opened)
     assert len(engine.calls[0]["sessions"]) == len(opened)  # the first call: every dialogue agent1 opens
     assert first_turns_overflowing(env, SCENARIOS, {"agent1": [tok], "agent2": []}, MAX_NEW_TOKENS, max_len) == []
+
+
+def test_rotation_gives_every_copy_of_a_scenario_its_batch_positions_openers(env, tok, no_ray) -> None:
+    """The trainer plays each scenario once per Eq. 6 pairing; with ``rotation`` every copy alternates its openers
+    as the scenario's batch position says. (A batch of one scenario, G = 3: by request position alone the second
+    copy would open with the other role.)"""
+    runner = DialogueRunner(
+        env,
+        reward_fns={r: env_reward(env) for r in ROLES},
+        sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": MAX_NEW_TOKENS},
+        max_len=4096,
+    )
+    policies = {"agent1": _bot("greedy"), "agent2": _bot("fair")}
+    twice = SCENARIOS[:1] * 2
+
+    def openers(trajs):
+        return [[t.seats[0] for t in trajs[i : i + N_SAMPLES]] for i in range(0, len(trajs), N_SAMPLES)]
+
+    rotated = runner.run(twice, n_samples=N_SAMPLES, policies=policies, rotation=[0, 0])
+    assert openers(rotated) == [["agent1", "agent2", "agent1"]] * 2
+    assert [t.scenario_uid for t in rotated] == ["s0"] * 2 * N_SAMPLES
+    by_position = runner.run(twice, n_samples=N_SAMPLES, policies=policies)
+    assert openers(by_position) == [["agent1", "agent2", "agent1"], ["agent2", "agent1", "agent2"]]
+    with pytest.raises(ValueError, match="1 rotation indices for 2 scenarios"):
+        runner.run(twice, n_samples=1, policies=policies, rotation=[0])

@@ -1,15 +1,30 @@
 """Opponent pools and opponent-configuration sampling (paper §4.2, Eq. 6).
 
 Each trained role i keeps a pool P_i of up to K historical checkpoints of itself. Every iteration
-samples one configuration c (Eq. 6, generalised to any number of roles):
+samples one configuration c (Eq. 6, generalised to any number of roles), and each configuration is
+played as one or two *pairings* (:func:`pairings`), each feeding the groups of its own learners:
 
-* ``"both"`` (p_both): every role faces the *current* policies of the others;
-* ``role_i`` (p_i): role i's current policy faces a historical checkpoint of every other trained role,
-  one checkpoint per role sampled uniformly from its pool for the iteration.
+* ``"both"`` (p_both): one pairing, every role current; every role learns from it.
+* ``role_i`` (p_i): Eq. 6 gives each role its own opponent. Role i's rollouts pair current i with a
+  historical checkpoint of every other trained role (one per role, sampled uniformly from its pool
+  for the iteration); every other role j's rollouts pair current j with the *current* others,
+  current i included. Role i's groups G_{i,q} hold only the first pairing's trajectories, every other
+  role's only the second's.
+
+How the batch is split: **both pairings play every scenario of the batch with the full G samples.**
+Every role's group for (role, q) then has G members, as in a ``both`` iteration (halving G would make
+the history iterations' advantages noisier, halving the scenarios would give the roles fewer samples),
+and every role is trained on the same number of dialogues in every iteration. The cost: a history
+iteration rolls out twice the dialogues (pool engines serve the snapshots' turns of the first pairing);
+with the paper's p = 0.7 / 0.2 / 0.1 that is 30% more dialogues over a run. When no other role has a
+snapshot to play (empty pools), the history pairing would be current play: then the iteration plays one
+all-current pairing that feeds every role, as ``both`` does.
 
 A historical checkpoint only plays the environment: its tokens get no gradient and its trajectories
-are not in its role's advantage groups (``acted_with_current_policy`` in advantages.py). A pool that is
-still empty (before the role's first snapshot) lends the current policy instead.
+are in no group of its role (``acted_with_current_policy`` in advantages.py, and the pairing's
+learners). "Historical" means older than the current policy: the newest snapshot, taken right after
+the role's latest update, holds the current weights, so :meth:`OpponentPool.sample` draws among
+strictly older versions (π^(<k)); a pool with nothing older lends the current policy.
 
 On disk, one directory per role: ``v{version:06d}.safetensors`` (bf16 by default) and ``manifest.json``
 (role, version = the role's update count at the snapshot, iteration, path, sha256, size). The
@@ -40,9 +55,29 @@ def sample_configuration(rng: random.Random, roles: Sequence[str], probs: Sequen
     return rng.choices(configurations(roles), weights=list(probs))[0]
 
 
-def faces_history(configuration: str, role: str, other: str) -> bool:
-    """Whether ``other``'s seat is played by a historical checkpoint when ``role`` is the learner facing history."""
-    return configuration == role and other != role
+@dataclass(frozen=True)
+class Pairing:
+    """One pairing of an Eq. 6 configuration: whose groups its rollouts feed, and who plays from history."""
+
+    learners: tuple[str, ...]  # roles whose current policy plays and whose groups G_{i,q} these rollouts feed
+    history: tuple[str, ...]  # trained roles whose seat a pool snapshot plays (environment only)
+
+
+def pairings(configuration: str, trained: Sequence[str]) -> list[Pairing]:
+    """The pairings that play ``configuration`` (see the module doc), learners in ``trained`` order.
+
+    ``both``: [every role current, feeding every role]. ``role_i``: [i current vs the others' history, feeding i;
+    everyone current, feeding every role but i] (the second is absent when i is the only trained role).
+    """
+    trained = tuple(trained)
+    if len(set(trained)) != len(trained):
+        raise ValueError(f"trained roles must be distinct, got {list(trained)}")
+    if configuration == BOTH:
+        return [Pairing(trained, ())]
+    if configuration not in trained:
+        raise ValueError(f"configuration {configuration!r} is neither {BOTH!r} nor a trained role of {list(trained)}")
+    others = tuple(r for r in trained if r != configuration)
+    return [Pairing((configuration,), others)] + ([Pairing(others, ())] if others else [])
 
 
 def file_sha256(path: str | Path) -> str:
@@ -96,11 +131,14 @@ class OpponentPool:
         i = 0 if self.eviction == "oldest" else rng.randrange(len(self.members) - 1)  # never the newest
         return self.members.pop(i)
 
-    def sample(self, rng: random.Random) -> Snapshot:
-        """π_θi^(<k): a uniformly sampled historical checkpoint."""
-        if not self.members:
-            raise LookupError(f"the pool of {self.role!r} is empty")
-        return self.members[rng.randrange(len(self.members))]
+    def sample(self, rng: random.Random, older_than: int | None = None) -> Snapshot:
+        """π_θi^(<k): a checkpoint sampled uniformly from the members, or from those with a version below
+        ``older_than`` (the role's current update count: the snapshot of that version holds the current weights)."""
+        members = self.members if older_than is None else [m for m in self.members if m.version < older_than]
+        if not members:
+            older = "" if older_than is None else f" of a version below {older_than}"
+            raise LookupError(f"the pool of {self.role!r} has no snapshot{older} (it holds {len(self.members)})")
+        return members[rng.randrange(len(members))]
 
     # -- persistence -------------------------------------------------------------------------------------------
 

@@ -35,3 +35,4 @@ class Trajectory:
     truncated: bool = False  # ended because a role's context hit rollout.max_len
     failed: bool = False  # a frozen counterpart (endpoint) could not produce a turn: kept out of training
     sample_index: int = 0  # g within the scenario's group
+    learners: tuple[str, ...] | None = None  # roles whose groups it may join (its Eq. 6 pairing); None: no restriction

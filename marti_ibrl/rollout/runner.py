@@ -141,6 +141,7 @@ class DialogueRunner:
         seed: int = 0,
         seats: Sequence[Sequence[str]] | None = None,
         max_live: int | None = None,
+        rotation: Sequence[int] | None = None,
     ) -> list[Trajectory]:
         """Play ``n_samples`` dialogues per (uid, scenario); ``policies[role]`` plays ``role``'s seat.
 
@@ -150,7 +151,10 @@ class DialogueRunner:
         sales agent always opens; otherwise openers rotate over scenarios and samples, :func:`seats_for`).
         ``max_live``: at most this many dialogues in play at once; a finished one is replaced by the next
         waiting one at the following turn, so the engines' batches stay full (default: all at once).
-        Trajectories come back in request order: scenario by scenario, sample by sample.
+        ``rotation``: per scenario, the index the default seat rotation counts from (default: its position; the
+        trainer plays a scenario once per Eq. 6 pairing and gives every copy the scenario's batch position, so the
+        openers alternate alike in every pairing). Trajectories come back in request order: scenario by scenario,
+        sample by sample.
         """
         if max_live is not None and max_live < 1:
             raise ValueError(f"max_live must be >= 1, got {max_live}")
@@ -160,12 +164,15 @@ class DialogueRunner:
             raise ValueError(f"{len(per_scenario)} policy mappings for {len(scenarios)} scenarios")
         if seats is not None and len(seats) != len(scenarios):
             raise ValueError(f"{len(seats)} seat orders for {len(scenarios)} scenarios")
+        if rotation is not None and len(rotation) != len(scenarios):
+            raise ValueError(f"{len(rotation)} rotation indices for {len(scenarios)} scenarios")
         fixed = getattr(self.env, "fixed_seats", None)
+        rotated = list(range(len(scenarios)) if rotation is None else rotation)
         waiting: list[_Live] = []
         for si, (uid, scenario) in enumerate(scenarios):
             seat_policies = per_scenario[si]
             for g in range(n_samples):
-                order = list(seats[si] if seats is not None else fixed or seats_for(roles, si, g))
+                order = list(seats[si] if seats is not None else fixed or seats_for(roles, rotated[si], g))
                 traj = Trajectory(
                     scenario_uid=uid,
                     scenario=scenario,

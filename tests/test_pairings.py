@@ -1,0 +1,113 @@
+"""Eq. 6 as the paper writes it, in the trainer: every scenario is played once per pairing, and each pairing feeds
+the groups of its own learners (``IBRLTrainer.seat_policies``; pairings from ``marti_ibrl.algorithm.pool``).
+
+No Ray: the trainer is assembled from its parts (stacks with fake engine handles, pools with snapshot entries), so
+what is checked is the plays themselves: how many, who sits where, whose groups each feeds, and which snapshot.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from marti_ibrl import trainer as trainer_module
+from marti_ibrl.algorithm.pool import BOTH, OpponentPool, Snapshot
+from marti_ibrl.trainer import IBRLTrainer
+
+ROLES = ("agent1", "agent2")
+SCENARIOS = [(f"q{i}", object()) for i in range(3)]
+
+
+class _Engine:
+    def __init__(self, name: str) -> None:
+        self.name, self.loaded = name, []
+        self.load_weights_file = SimpleNamespace(remote=self.loaded.append)
+
+
+def _trainer(tmp_path, updates: dict[str, int], snapshots: dict[str, list[int]], roles=ROLES) -> IBRLTrainer:
+    t = object.__new__(IBRLTrainer)
+    t.cfg = SimpleNamespace(train=SimpleNamespace(seed=1))
+    t.roles, t.trained, t.frozen = list(roles), list(roles), {}
+    t.stacks = {
+        r: SimpleNamespace(engines=[_Engine(f"{r}/current")], pool_engines=[_Engine(f"{r}/pool")], tokenizer=None)
+        for r in roles
+    }
+    t.pools, t.pool_loaded, t.pending_snapshots, t.updates = {}, {}, [], dict(updates)
+    for r in roles:
+        pool = t.pools[r] = OpponentPool(tmp_path, r, size=4)
+        for v in snapshots.get(r, []):
+            pool.members.append(Snapshot(r, v, v, pool.path_for(v).name, "0" * 64, 1, 0.1))
+    return t
+
+
+@pytest.fixture(autouse=True)
+def no_ray(monkeypatch):
+    monkeypatch.setattr(trainer_module, "ray", SimpleNamespace(get=lambda refs: refs))
+
+
+def _plays(t: IBRLTrainer, configuration: str, k: int = 5):
+    plays, log = t.seat_policies(k, configuration, SCENARIOS)
+    return plays, log, [({r: p.name for r, p in play.policies.items()}, play.learners) for play in plays]
+
+
+def test_a_history_iteration_plays_both_pairings_with_the_whole_batch(tmp_path) -> None:
+    """p_agent1: current agent1 vs a historical agent2 feeds agent1; all-current play feeds agent2. Each pairing
+    plays every scenario (then G samples each): both roles' groups are as large as in a ``both`` iteration."""
+    t = _trainer(tmp_path, {"agent1": 4, "agent2": 2}, {"agent2": [1, 2]})
+    plays, log, seated = _plays(t, "agent1")
+    assert len(plays) == 2 * len(SCENARIOS)
+    assert seated[:3] == [({"agent1": "current", "agent2": "pool:1"}, ("agent1",))] * 3  # v2 is current agent2
+    assert seated[3:] == [({"agent1": "current", "agent2": "current"}, ("agent2",))] * 3
+    assert [p.scenario for p in plays] == SCENARIOS * 2 and [p.index for p in plays] == [0, 1, 2] * 2
+    assert plays[0].policies["agent2"].engines == t.stacks["agent2"].pool_engines  # the snapshot on pool engines
+    assert plays[3].policies["agent2"].engines == t.stacks["agent2"].engines
+    assert t.stacks["agent2"].pool_engines[0].loaded == [str(t.pools["agent2"].path_for(1))]
+    assert log == {
+        "opponents": {"agent1": "current", "agent2": "current,pool:1"},
+        "pairings": [
+            {"learners": ["agent1"], "seats": {"agent1": "current", "agent2": "pool:1"}},
+            {"learners": ["agent2"], "seats": {"agent1": "current", "agent2": "current"}},
+        ],
+    }
+    _, _, mirror = _plays(t, "agent2")  # agent1's pool is empty: nothing historical to face, current play for all
+    assert mirror == [({"agent1": "current", "agent2": "current"}, ("agent1", "agent2"))] * 3
+
+
+def test_both_is_one_all_current_pairing_feeding_every_role(tmp_path) -> None:
+    t = _trainer(tmp_path, {"agent1": 3, "agent2": 3}, {"agent1": [1, 2], "agent2": [1, 2]})
+    plays, log, seated = _plays(t, BOTH)
+    assert seated == [({"agent1": "current", "agent2": "current"}, ROLES)] * 3
+    assert log["pairings"] == [{"learners": list(ROLES), "seats": {"agent1": "current", "agent2": "current"}}]
+    assert not t.stacks["agent1"].pool_engines[0].loaded and not t.stacks["agent2"].pool_engines[0].loaded
+
+
+def test_the_newest_snapshot_is_not_history_when_it_is_the_current_policy(tmp_path) -> None:
+    """agent2 has updated once and its only snapshot (v1) is that update's weights: facing it would be current play
+    thrown out of agent2's group. So the iteration is played all-current, and agent2 learns from it."""
+    t = _trainer(tmp_path, {"agent1": 1, "agent2": 1}, {"agent1": [1], "agent2": [1]})
+    _, _, seated = _plays(t, "agent1")
+    assert seated == [({"agent1": "current", "agent2": "current"}, ROLES)] * 3
+    t.updates["agent2"] = 2  # one update later, v1 is history (v2 is still being written: not in the pool yet)
+    _, _, seated = _plays(t, "agent1")
+    assert {s["agent2"] for s, _ in seated[:3]} == {"pool:1"}
+
+
+def test_history_samples_are_uniform_and_seeded(tmp_path) -> None:
+    t = _trainer(tmp_path, {"agent1": 9, "agent2": 9}, {"agent2": [5, 6, 7, 8, 9]})
+    drawn = [_plays(t, "agent1", k)[2][0][0]["agent2"] for k in range(1, 401)]
+    assert set(drawn) == {"pool:5", "pool:6", "pool:7", "pool:8"}  # v9 = current agent2, never drawn
+    assert min(drawn.count(f"pool:{v}") for v in (5, 6, 7, 8)) > 60  # 100 expected each (binomial sd ~ 8.7)
+    again = [_plays(t, "agent1", k)[2][0][0]["agent2"] for k in range(1, 401)]
+    assert drawn == again  # a function of (seed, k): a resumed run draws the same
+
+
+def test_three_roles_the_configurations_role_faces_every_others_history(tmp_path) -> None:
+    roles = ("a", "b", "c")
+    t = _trainer(tmp_path, {"a": 3, "b": 3, "c": 3}, {"a": [1, 2], "c": [2]}, roles=roles)
+    _, log, _ = _plays(t, "b")
+    history, current = log["pairings"]
+    assert history["learners"] == ["b"] and current["learners"] == ["a", "c"]
+    assert history["seats"]["b"] == "current" and history["seats"]["c"] == "pool:2"
+    assert history["seats"]["a"] in {"pool:1", "pool:2"}
+    assert current["seats"] == {"a": "current", "b": "current", "c": "current"}
