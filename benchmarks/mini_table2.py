@@ -17,13 +17,19 @@ and 3 go seed by seed, so an interrupted run has whole seeds trained and evaluat
    counterpart(s) (in-system), itself (self-play), the held-out bots (``envs/dond/heldout.py``) and, on fewer
    scenarios, every other arm's policy of the same seed (cross-play). The SFT init is evaluated as a reference row.
 4. **Report** (``--results``, default ``benchmarks/results/mini_table2.md``): Table-2-style cells (agreement / own
-   utility / joint value) per counterpart, mean ± sd over seeds; Δmismatch per arm; the cross-play matrix;
-   logistic GEE of held-out agreement vs IB-RL, clustered by scenario with seed fixed effects, Holm-adjusted, plus a
-   run-clustered sensitivity check; the issue's goals; reward curves; the exact command, this invocation's wall time
-   and the whole run's compute time (``OUT/stage_times.json``: every finished run's and evaluation's seconds).
+   utility / joint value) per counterpart, mean ± sd over seeds; Δmismatch per arm; the cross-play matrix; the
+   **primary** test at the level of training runs (one value per arm × seed: Welch's t-test against IB-RL's runs,
+   Δ with 95% CI, Holm; held-out and self-play agreement and expected utility); the **secondary** logistic GEE of
+   held-out agreement clustered by scenario with seed fixed effects, Holm-adjusted; the issue's goals, judged on
+   the primary test; a figure of held-out agreement per run and the reward curves; the rollout engine; the exact
+   command, this invocation's wall time and the whole run's compute time (``OUT/stage_times.json``: every finished
+   run's and evaluation's seconds).
+
+Seeds: the four main arms train on ``seeds`` (5), the three ablations on ``ablation_seeds`` (3); each seed's
+evaluation (and cross-play) covers the arms trained on it.
 
     .venv/bin/python benchmarks/mini_table2.py --quick          # 1 seed, fewer iterations and scenarios
-    .venv/bin/python benchmarks/mini_table2.py                  # the full run (3 seeds), see the results file
+    .venv/bin/python benchmarks/mini_table2.py                  # the full run (5 seeds), see the results file
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ TIMES = "stage_times.json"  # OUT/stage_times.json: seconds of every finished tr
 TRAINING_BOTS = tuple(sorted(_TRAINING_BOT_REGISTRY))  # conceder, fair, greedy, stubborn
 HELDOUT_BOTS = tuple(_HELDOUT_BOT_REGISTRY)  # hardliner, tit_for_tat, slow_conceder, fast_conceder
 UNILATERAL = ("uni_sft", "uni_bot", "uni_pool")
+ABLATIONS = ("shared_reward", "joint_norm", "no_stabilization")
 SINGLE_COUNTERPART = ("uni_sft", "uni_bot")  # the goal compares IB-RL with the best of these
 
 
@@ -59,7 +66,8 @@ SINGLE_COUNTERPART = ("uni_sft", "uni_bot")  # the goal compares IB-RL with the 
 class Profile:
     """One benchmark size; everything else comes from the recipe."""
 
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    ablation_seeds: tuple[int, ...] = (0, 1, 2)  # the ablations (ABLATIONS) train on these seeds only
     iterations: int = 40
     eval_scenarios: int = 500
     cross_play_scenarios: int = 200
@@ -78,11 +86,19 @@ class Profile:
 
 
 FULL = Profile()
+
+
+def arms_of(profile: Profile, seed: int) -> tuple[str, ...]:
+    """The arms trained and evaluated on ``seed``: the main arms on every seed, the ablations on ``ablation_seeds``."""
+    return tuple(a for a in profile.arms if a not in ABLATIONS or seed in profile.ablation_seeds)
+
+
 # --quick: the four main arms (the ablations only in the full run), 1 seed, 5 iterations, small evaluation; ≈ 20 min
 # on 2 cores once the SFT init exists (measured: benchmarks/results/mini_table2_quick.md).
 QUICK = replace(
     FULL,
     seeds=(0,),
+    ablation_seeds=(0,),
     iterations=5,
     eval_scenarios=50,
     cross_play_scenarios=25,
@@ -247,7 +263,7 @@ def finished(run: Path, iterations: int) -> bool:
 
 def stage_train(out: Path, profile: Profile, table: dict[str, Arm], sft: str) -> None:
     """Train every (arm, seed) not yet finished, recording each run's seconds."""
-    todo = [(a, s) for s in profile.seeds for a in profile.arms]
+    todo = [(a, s) for s in profile.seeds for a in arms_of(profile, s)]
     for name, seed in tqdm(todo, desc="training arms", unit="run"):
         run = out / "runs" / name / f"seed{seed}"
         if finished(run, profile.iterations):
@@ -266,18 +282,19 @@ def eval_commands(out: Path, profile: Profile, table: dict[str, Arm], sft: str, 
     common += ["--bot-speech", env["bot_speech"], "--max-new-tokens", str(env["max_new_tokens"])]
     common += ["--max-len", str(env["max_len"]), "--num-engines", "2", "--batch", "1024"]  # one engine per core
     common += ["--show-complement"] if env["show_complement"] else []
+    arms_here = arms_of(profile, seed)
     policies = []
-    for name in profile.arms:
+    for name in arms_here:
         policies += ["--policy", f"{name}={out / 'runs' / name / f'seed{seed}' / 'agent1' / 'hf'}"]
     main = common + policies + ["--policy", f"sft={sft}", "--self-play", "-n", str(profile.eval_scenarios)]
-    for name in profile.arms:
+    for name in arms_here:
         run = out / "runs" / name / f"seed{seed}"
         main += [x for spec in table[name].in_system for x in ("--in-system", f"{name}={spec.format(run=run)}")]
     main += [x for b in HELDOUT_BOTS for x in ("--counterpart", f"heldout:{b}")]
     main += ["--out", str(out / "eval" / f"seed{seed}")]
     cross = common + policies + ["--cross-play", "-n", str(profile.cross_play_scenarios)]
     cross += ["--out", str(out / "eval" / f"seed{seed}-cross")]
-    return [main, cross] if len(profile.arms) > 1 else [main]
+    return [main, cross] if len(arms_here) > 1 else [main]
 
 
 def stage_eval(out: Path, profile: Profile, table: dict[str, Arm], sft: str) -> None:
@@ -423,12 +440,12 @@ def episode_frame(pairs: list[dict], kind: str):
 
 
 def gee_tests(pairs: list[dict], reference: str = "ibrl") -> tuple[str, dict]:
-    """Logistic GEE of agreement vs ``reference``: held-out (pooled, and per held-out bot) and self-play.
+    """Secondary: logistic GEE of agreement vs ``reference``, held-out (pooled, and per held-out bot) and self-play.
 
-    Primary: clusters = scenarios (every arm, seed and seat of a scenario in one cluster, exchangeable working
-    correlation), seed fixed effects ``C(seed)`` when there are several seeds; Holm within each family. Sensitivity:
-    clusters = training runs (arm × seed), which carries run-to-run variance into the standard errors (few clusters:
-    read it as a check, not a test)."""
+    Clusters = scenarios (every arm, seed and seat of a scenario in one cluster, exchangeable working correlation),
+    seed fixed effects ``C(seed)`` when there are several seeds; Holm within each family. It says how precisely these
+    runs were measured on these scenarios, not how another training run would do: that is :func:`run_level_tests`,
+    the primary test."""
     from marti_ibrl.eval.stats import compare, format_table
 
     parts, verdicts = [], {}
@@ -450,55 +467,164 @@ def gee_tests(pairs: list[dict], reference: str = "ibrl") -> tuple[str, dict]:
         )
         if family is None:
             verdicts[kind] = {r["method"]: r for r in res.to_dict("records")}
-            if df["run"].nunique() >= 2 * df["method"].nunique():  # at least two runs per arm
-                try:
-                    by_run = compare(df, reference, outcome="agreed", cluster="run")
-                    verdicts[f"{kind} by run"] = {r["method"]: r for r in by_run.to_dict("records")}
-                    text += "\n\nSensitivity, clusters = training runs (arm × seed):\n\n" + format_table(by_run)
-                except ValueError as e:
-                    text += f"\n\n_run-clustered check not estimable: {e}_"
         parts.append(text)
     return "\n\n".join(parts), verdicts
 
 
-def goals(numbers: dict[str, dict], verdicts: dict) -> list[str]:
-    """The issue's two goals, checked on the measured numbers."""
-    lines = []
+RUN_METRICS = {"agreement": "agreement", "expected utility": "expected_utility"}
+"""The run-level outcomes: agreement, and expected utility = agreement × own utility over agreed episodes (the mean
+own utility per episode, 0 without a deal): a policy that agrees by conceding everything scores high on the first
+and low on the second."""
+
+
+def run_values(pairs: list[dict], kind: str, metric: str, arms: Sequence[str]) -> list[dict]:
+    """One row per training run (arm × seed) of ``arms`` evaluated in ``kind``: ``method, seed, value``."""
+    rows = []
+    for arm in arms:
+        for seed, summary in sorted(per_arm(pairs, arm, kind).items()):
+            value = summary["agreement"]
+            if metric == "expected_utility":
+                value = summary["agreement"] * (summary["own_utility"] or 0.0)
+            rows.append({"method": arm, "seed": seed, "value": value})
+    return rows
+
+
+def run_level_tests(pairs: list[dict], arms: Sequence[str], reference: str = "ibrl") -> tuple[str, dict]:
+    """Primary: each arm's training runs against IB-RL's (Welch t-test over runs, Δ with 95% CI, Holm over the arms;
+    :func:`marti_ibrl.eval.stats.runs_vs_reference`), for held-out and self-play agreement and expected utility.
+    Arms with fewer than two evaluated runs are left out (named). The SFT init is one checkpoint, not a training run:
+    it is not tested here."""
+    import pandas as pd
+
+    from marti_ibrl.eval.stats import format_runs_table, runs_vs_reference
+
+    parts, verdicts = [], {}
+    for kind in ("held-out", "self-play"):
+        for label, metric in RUN_METRICS.items():
+            rows = run_values(pairs, kind, metric, arms)
+            counts = pd.Series([r["method"] for r in rows]).value_counts() if rows else pd.Series(dtype=int)
+            testable = [a for a in arms if counts.get(a, 0) >= 2]
+            title = f"**{kind} {label}** (one value per training run)"
+            if reference not in testable or len(testable) < 2:
+                parts.append(f"{title}: not testable (runs per arm: {dict(counts)})")
+                continue
+            df = pd.DataFrame([r for r in rows if r["method"] in testable])
+            res = runs_vs_reference(df, reference)
+            verdicts[(kind, metric)] = {r["method"]: r for r in res.to_dict("records")}
+            scale, unit = (100.0, "points") if metric == "agreement" else (1.0, "utility")
+            text = f"{title}\n\n" + format_runs_table(res, scale=scale, unit=unit)
+            left_out = [a for a in arms if a not in testable]
+            parts.append(text + (f"\n\n_left out (fewer than two runs): {', '.join(left_out)}_" if left_out else ""))
+    return "\n\n".join(parts), verdicts
+
+
+def _gain_line(what: str, arm: str, ib: float, other: float, row: dict | None, goal: float | None) -> str:
+    """One verdict: IB-RL's gain over ``arm`` in points, the run-level 95% CI and Holm p, and the goal if any."""
+    gain = ib - other
+    text = f"{what}: IB-RL {ib:.3f} vs {arm} {other:.3f}: {gain * 100:+.1f} points"
+    if row is not None:  # the row is arm − IB-RL: IB-RL's gain is its negation
+        text += f" [95% CI {-row['ci_high'] * 100:+.1f}, {-row['ci_low'] * 100:+.1f}]"
+        text += f", runs {row['ref_runs']} vs {row['runs']}, Welch t-test over runs, Holm p = {row['p_holm']:.3g}"
+    else:
+        text += " (no run-level test: fewer than two runs per arm)"
+    if goal is None:
+        return text + "."
+    ok = gain >= goal and row is not None and row["p_holm"] < 0.05
+    return text + f" (goal ≥ +{goal * 100:.0f} points, run-level p < 0.05): **{'met' if ok else 'not met'}**."
+
+
+def goals(numbers: dict[str, dict], run_verdicts: dict, gee_verdicts: dict | None = None) -> list[str]:
+    """The issue's goals, judged on the primary (run-level) test, then the uni_pool control; the secondary
+    scenario-clustered GEE's Holm p is quoted beside the held-out goal."""
     if "ibrl" not in numbers:
         return ["IB-RL was not evaluated."]
-    ib = numbers["ibrl"]
-    singles = {
-        a: numbers[a]["held_out"] for a in SINGLE_COUNTERPART if a in numbers and numbers[a]["held_out"] is not None
-    }
-    if singles and ib["held_out"] is not None:
+    ib, lines = numbers["ibrl"], []
+    for kind, key, goal in (("held-out", "held_out", 0.05), ("self-play", "self_play", 0.10)):
+        singles = {a: numbers[a][key] for a in SINGLE_COUNTERPART if a in numbers and numbers[a][key] is not None}
+        if not singles or ib[key] is None:
+            continue
         best = max(singles, key=singles.get)
-        gain = ib["held_out"] - singles[best]
-        p = verdicts.get("held-out", {}).get(best, {}).get("p_holm")
-        ok = gain >= 0.05 and p is not None and p < 0.05
-        lines.append(
-            f"Held-out agreement: IB-RL {ib['held_out']:.3f} vs best single-counterpart unilateral arm ({best}) "
-            f"{singles[best]:.3f}: {gain * 100:+.1f} points, Holm p = {'–' if p is None else f'{p:.3g}'} "
-            f"(goal ≥ +5 points, p < 0.05): **{'met' if ok else 'not met'}**." + _seed_spread(numbers, best, verdicts)
+        row = run_verdicts.get((kind, "agreement"), {}).get(best)
+        line = _gain_line(
+            f"{kind.capitalize()} agreement, best single-counterpart arm ({best})",
+            best,
+            ib[key],
+            singles[best],
+            row,
+            goal,
         )
-    for arm in UNILATERAL:
-        if arm in numbers and numbers[arm]["self_play"] is not None and ib["self_play"] is not None:
-            gain = ib["self_play"] - numbers[arm]["self_play"]
-            lines.append(
-                f"Self-play agreement: IB-RL {ib['self_play']:.3f} vs {arm} {numbers[arm]['self_play']:.3f}: "
-                f"{gain * 100:+.1f} points (goal ≥ +10): **{'met' if gain >= 0.10 else 'not met'}**."
-            )
+        if kind == "held-out":
+            line += _seed_spread(numbers, best)
+            gee = (gee_verdicts or {}).get("held-out", {}).get(best)
+            if gee is not None:
+                line += f" Secondary, scenario-clustered GEE: Holm p = {gee['p_holm']:.3g}."
+        lines.append(line)
+    if "uni_pool" in numbers:  # the control that trains against a diverse frozen pool (§5.4)
+        for kind, key in (("held-out", "held_out"), ("self-play", "self_play")):
+            if numbers["uni_pool"][key] is not None and ib[key] is not None:
+                row = run_verdicts.get((kind, "agreement"), {}).get("uni_pool")
+                lines.append(
+                    _gain_line(f"Control, {kind} agreement", "uni_pool", ib[key], numbers["uni_pool"][key], row, None)
+                )
     return lines
 
 
-def _seed_spread(numbers: dict[str, dict], arm: str, verdicts: dict) -> str:
-    """The held-out gain of IB-RL over ``arm`` seed by seed, and the run-clustered check's Holm p, when known."""
+def _seed_spread(numbers: dict[str, dict], arm: str) -> str:
+    """The held-out gain of IB-RL over ``arm`` seed by seed."""
     ib, other = numbers["ibrl"].get("held_out_by_seed", {}), numbers[arm].get("held_out_by_seed", {})
     seeds = [s for s in ib if s in other]
     if len(seeds) < 2:
         return ""
-    text = " Per seed: " + ", ".join(f"{s}: {(ib[s] - other[s]) * 100:+.1f}" for s in seeds) + " points"
-    p = verdicts.get("held-out by run", {}).get(arm, {}).get("p_holm")
-    return text + (f"; clusters = training runs: Holm p = {p:.3g}." if p is not None else ".")
+    return " Per seed: " + ", ".join(f"{s}: {(ib[s] - other[s]) * 100:+.1f}" for s in seeds) + " points."
+
+
+def runs_figure(pairs: list[dict], arms: Sequence[str], png: Path) -> Path | None:
+    """Held-out agreement per training run: one point per (arm, seed), the arm's mean and its 95% t interval."""
+    from scipy import stats
+
+    from marti_ibrl.eval.diagnostics import _figure, _save
+
+    rows = run_values(pairs, "held-out", "agreement", arms)
+    shown = [a for a in arms if any(r["method"] == a for r in rows)]
+    if not shown:
+        return None
+    fig = _figure((max(5.0, 1.1 * len(shown) + 2), 4.5))
+    ax = fig.add_subplot()
+    label = "mean over runs, 95% t interval"
+    for i, arm in enumerate(shown):
+        values = [r["value"] for r in rows if r["method"] == arm]
+        seeds = [r["seed"] for r in rows if r["method"] == arm]
+        offsets = [(k - (len(values) - 1) / 2) * 0.06 for k in range(len(values))]
+        ax.scatter([i + o for o in offsets], values, color=f"C{i}", s=22, alpha=0.8, zorder=3, label="_")
+        for x, y, seed in zip(offsets, values, seeds):
+            ax.annotate(str(seed), (i + x, y), textcoords="offset points", xytext=(4, 0), fontsize=6, color="0.4")
+        mean = statistics.fmean(values)
+        if len(values) > 1:
+            half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+            ax.errorbar(i + 0.25, mean, yerr=half, fmt="o", color="black", capsize=4, ms=5, zorder=4, label=label)
+        else:
+            ax.plot(i + 0.25, mean, "o", color="black", ms=5, zorder=4, label=label)
+        label = "_"  # one legend entry
+    ax.set_xticks(range(len(shown)), shown, rotation=20)
+    ax.set_ylabel("held-out agreement (seat-averaged)")
+    ax.set_title("Held-out agreement per training run (points: runs, by seed)", fontsize="medium")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, png)
+
+
+def engine_note(out: Path, profile: Profile) -> str:
+    """Which rollout engine the training runs used (their ``topology.json``) and the evaluation's default."""
+    kinds: dict[str, int] = {}
+    for s in profile.seeds:
+        for a in arms_of(profile, s):
+            topo = out / "runs" / a / f"seed{s}" / "topology.json"
+            if topo.exists():
+                for role in json.loads(topo.read_text()).get("trained", {}).values():
+                    kinds[role["engine_kind"]] = kinds.get(role["engine_kind"], 0) + 1
+    found = ", ".join(f"{k} ({n} trained roles)" for k, n in sorted(kinds.items())) or "no topology.json found"
+    return f"Rollout engine: {found} in training; `marti-ibrl eval --engine auto` (HF generate on CPU) in evaluation."
 
 
 def reward_figure(out: Path, profile: Profile, png: Path) -> Path | None:
@@ -530,12 +656,15 @@ def compute_time(out: Path, profile: Profile, sft_seconds: float | None) -> tupl
     """The run's compute time from the ledger (:func:`record_time`): a one-line total and a per-stage list."""
     path = out / TIMES
     ledger = json.loads(path.read_text()) if path.exists() else {}
-    keys = [f"train {a}/seed{s}" for s in profile.seeds for a in profile.arms]
-    keys += [f"eval seed{s}{c}" for s in profile.seeds for c in ("", "-cross")[: 2 if len(profile.arms) > 1 else 1]]
+    keys = [f"train {a}/seed{s}" for s in profile.seeds for a in arms_of(profile, s)]
+    keys += [
+        f"eval seed{s}{c}" for s in profile.seeds for c in ("", "-cross")[: 2 if len(arms_of(profile, s)) > 1 else 1]
+    ]
     stages = {"sft": sft_seconds, **{k: ledger.get(k) for k in keys}}
     missing = [k for k, v in stages.items() if v is None]
     total = sum(v for v in stages.values() if v is not None)
-    line = f"{total / 3600:.1f} h of compute (SFT, {len(profile.arms) * len(profile.seeds)} training runs and the "
+    runs = sum(len(arms_of(profile, s)) for s in profile.seeds)
+    line = f"{total / 3600:.1f} h of compute (SFT, {runs} training runs and the "
     line += "evaluations, summed from `OUT/stage_times.json`; a run's last, completing invocation)"
     line += f"; not recorded: {', '.join(missing)}" if missing else ""
     listing = "\n".join(f"- {k}: {'–' if v is None else f'{v:.0f} s'}" for k, v in stages.items())
@@ -548,8 +677,11 @@ def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str
         raise FileNotFoundError(f"no evaluation under {out / 'eval'}: run the eval stage first")
     policies = [a for a in (*profile.arms, "sft") if any(p["policy"] == a for p in pairs)]
     mismatch, numbers = mismatch_table(pairs, policies)
+    trained = [a for a in policies if a != "sft"]
+    primary, run_verdicts = run_level_tests(pairs, trained)
     stats, verdicts = gee_tests(pairs)
     figure = reward_figure(out, profile, results.with_name(results.stem + "_rewards.png"))
+    per_run = runs_figure(pairs, trained, results.with_name(results.stem + "_runs.png"))
     n_eval = max((p["summary"]["averaged"]["n"] for p in pairs if p["kind"] == "held-out"), default=0)
     sft = meta.get("sft", {})
     total, stage_times = compute_time(out, profile, sft.get("seconds"))
@@ -557,7 +689,10 @@ def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str
         f"# Mini Table 2 ({'quick' if meta.get('quick') else 'full'} run, seeds {', '.join(map(str, profile.seeds))})",
         f"Command: `{meta['command']}`  \nWall time: {meta['wall_time']}  \nWhole run: {total}  \n"
         f"Date: {meta['date']}; machine: {meta['machine']}.",
-        "Settings: " + json.dumps(asdict(profile)) + f"; recipe `{RECIPE.relative_to(ROOT)}`.",
+        "Settings: "
+        + json.dumps(asdict(profile))
+        + f"; recipe `{RECIPE.relative_to(ROOT)}`. "
+        + engine_note(out, profile),
         (
             f"SFT init: {sft['records']} records from {sft['dialogues']} training-bot dialogues, {sft['seconds']} s; "
             f"protocol-valid self-play turns {sft['validity']['protocol']:.1%}"
@@ -566,15 +701,22 @@ def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str
             if sft
             else "SFT init: no record (`OUT/sft/mini_table2_sft.json`)."
         ),
-        "## Goals\n\n" + "\n".join(f"- {g}" for g in goals(numbers, verdicts)),
+        "## Goals (judged on the run-level test)\n\n"
+        + "\n".join(f"- {g}" for g in goals(numbers, run_verdicts, verdicts)),
         f"## Table 2 (seat-averaged, {n_eval // 2} held-out scenarios × 2 seats per pair)\n\n"
         "Cells: agreement / own utility / joint value (utilities over agreed episodes), mean ± sd over seeds. "
         "`held-out (all)` pools the four held-out bots.\n\n" + main_table(pairs, policies),
         "## Δmismatch (agreement)\n\nΔ = J_in-system − J_held-out per seed, then mean ± sd. In-system for uni_pool "
         "is the mean over its four training bots; `sft` has no training counterpart.\n\n" + mismatch,
         "## Cross-play (agreement; diagonal = self-play)\n\n" + cross_play_table(pairs, policies),
-        "## Statistics (logistic GEE vs ibrl, odds ratios of agreement)\n\n" + stats,
+        "## Primary statistics: training runs vs ibrl\n\nThe replicated unit is the training run: one value per run "
+        "(arm × seed), Welch's t-test of each arm's runs against IB-RL's, the difference with its 95% CI, Holm over the "
+        "arms (`marti_ibrl.eval.stats.runs_vs_reference`). Δ is arm − IB-RL: negative = IB-RL higher.\n\n" + primary,
+        "## Secondary statistics (logistic GEE vs ibrl, odds ratios of agreement)\n\nClustered by scenario: how "
+        "precisely these particular runs were measured, not how another run would do.\n\n" + stats,
     ]
+    if per_run:
+        text.append(f"## Held-out agreement per run\n\n![held-out agreement per run]({per_run.name})")
     if figure:
         text.append(f"## Training reward\n\n![reward curves]({figure.name})")
     text.append("## Stage times\n\n" + stage_times)

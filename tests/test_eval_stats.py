@@ -212,3 +212,62 @@ def test_errors(data: pd.DataFrame) -> None:
         compare(data.assign(counterpart="x"), reference="Z", family_col="counterpart")
     with pytest.raises(ValueError, match="missing family column"):
         compare(data, reference="A", family_col="counterpart")
+
+
+# -- run-level test (the replicated unit is the training run) ---------------------------------------------------------
+
+
+RUNS = pd.DataFrame(
+    {
+        "method": ["ibrl"] * 5 + ["uni_sft"] * 5 + ["uni_bot"] * 4,
+        "value": [0.80, 0.70, 0.75, 0.90, 0.60, 0.60, 0.62, 0.58, 0.65, 0.55, 0.76, 0.71, 0.79, 0.74],
+    }
+)
+
+
+def test_runs_vs_reference_is_welchs_t_test_over_runs_with_holm() -> None:
+    from scipy import stats
+
+    from marti_ibrl.eval.stats import format_runs_table, runs_vs_reference
+
+    res = runs_vs_reference(RUNS, "ibrl")
+    assert list(res["method"]) == ["uni_sft", "uni_bot"]
+    ib = RUNS.value[:5].to_numpy()
+    for (name, sl), row in zip((("uni_sft", slice(5, 10)), ("uni_bot", slice(10, 14))), res.to_dict("records")):
+        x = RUNS.value[sl].to_numpy()
+        direct = stats.ttest_ind(x, ib, equal_var=False)
+        assert row["method"] == name and row["runs"] == len(x) and row["ref_runs"] == 5
+        assert row["diff"] == pytest.approx(x.mean() - ib.mean())
+        assert row["p_value"] == pytest.approx(direct.pvalue) and row["t"] == pytest.approx(direct.statistic)
+        # Welch's CI by hand: diff ± t_{0.975, df} * sqrt(s1²/n1 + s2²/n2)
+        se = math.sqrt(x.var(ddof=1) / len(x) + ib.var(ddof=1) / 5)
+        half = stats.t.ppf(0.975, row["df"]) * se
+        assert (row["ci_low"], row["ci_high"]) == pytest.approx((row["diff"] - half, row["diff"] + half))
+    assert list(res["p_holm"]) == pytest.approx(list(holm(res["p_value"].to_numpy())[0]))
+    sft, bot = res.to_dict("records")
+    assert sft["p_value"] < 0.05 and sft["ci_high"] < 0  # uni_sft's runs are lower: -15 points
+    assert bot["p_value"] > 0.5 and bot["ci_low"] < 0 < bot["ci_high"]  # uni_bot's are not
+    sft_line, bot_line = format_runs_table(res).splitlines()[2:]
+    assert sft_line.startswith("| uni_sft | ibrl (5 runs, 75.0) | 5 | 60.0 ± 3.8 | -15.0 [")
+    assert sft_line.endswith("*" * (sft["p_holm"] < 0.05) + " |") and not bot_line.endswith("* |")
+
+
+@pytest.mark.parametrize(
+    ("frame", "why"),
+    [
+        (RUNS[RUNS.method != "ibrl"], "reference method 'ibrl' has no runs"),
+        (RUNS.iloc[:11], "every method needs at least two runs for a run-level test; got {'uni_bot': 1}"),
+        (RUNS.assign(value=[*RUNS.value[:13], float("nan")]), "column 'value' must be finite numbers"),
+        (
+            pd.DataFrame({"method": ["ibrl", "ibrl", "b", "b"], "value": [0.5, 0.5, 0.5, 0.5]}),
+            "'b' and 'ibrl' have no run-to-run variance",
+        ),
+        (RUNS.rename(columns={"value": "agreement"}), "missing column 'value'"),
+    ],
+)
+def test_runs_vs_reference_rejects_what_it_cannot_test(frame: pd.DataFrame, why: str) -> None:
+    from marti_ibrl.eval.stats import runs_vs_reference
+
+    with pytest.raises(ValueError) as err:
+        runs_vs_reference(frame, "ibrl")
+    assert why in str(err.value)

@@ -142,19 +142,37 @@ def test_results_tables_gee_and_goals(bench, tmp_path):
     assert set(ib) == {0, 1} and all(s["n"] == 4 * 150 * 2 for s in ib.values())  # four bots pooled, both seats
     assert ib[0]["own_utility"] == pytest.approx((7 / 10 + 6 / 10) / 2, abs=0.02)  # agent1 gets 7 of 10, agent2 6/10
 
-    # the GEE: ibrl's held-out agreement is far above both unilateral arms; seed enters as a fixed effect
+    # secondary, the GEE: ibrl's held-out agreement is far above both unilateral arms; seed enters as a fixed effect
     _, verdicts = bench.gee_tests(pairs)
     for arm in ("uni_sft", "uni_bot"):
         row = verdicts["held-out"][arm]
         assert row["odds_ratio"] < 0.6 and row["p_holm"] < 1e-6
-    assert "C(seed)" in text or "seed fixed effects" in text
-    lines = bench.goals(numbers, verdicts)
-    assert "(uni_sft)" in lines[0] and "**met**" in lines[0]  # best single-counterpart arm is uni_sft (.45)
+    assert "seed fixed effects" in text
+    # primary, over training runs: 2 runs per arm, Welch's t-test of the per-run values
+    _, runs = bench.run_level_tests(pairs, profile.arms)
+    held_rows = bench.run_values(pairs, "held-out", "agreement", profile.arms)
+    assert [(r["method"], r["seed"]) for r in held_rows] == [(a, s) for a in profile.arms for s in (0, 1)]
+    row = runs[("held-out", "agreement")]["uni_sft"]
+    ib_runs = [r["value"] for r in held_rows if r["method"] == "ibrl"]
+    sft_runs = [r["value"] for r in held_rows if r["method"] == "uni_sft"]
+    assert row["runs"] == row["ref_runs"] == 2
+    assert row["diff"] == pytest.approx(sum(sft_runs) / 2 - sum(ib_runs) / 2)
+    assert row["ci_low"] < row["diff"] < row["ci_high"] < 0  # uni_sft below ibrl by ~25 points
+    eu = runs[("held-out", "expected_utility")]["uni_sft"]  # agreement x own utility (.65 over agreed episodes)
+    assert eu["diff"] == pytest.approx(row["diff"] * 0.65, abs=0.02)
+    assert "## Primary statistics: training runs vs ibrl" in text and "**self-play expected utility**" in text
+    lines = bench.goals(numbers, runs, verdicts)
+    assert "best single-counterpart arm (uni_sft)" in lines[0]  # best held-out single-counterpart arm (.45)
+    assert f"Holm p = {row['p_holm']:.3g}" in lines[0] and "Secondary, scenario-clustered GEE: Holm p = " in lines[0]
+    assert ("**met**" in lines[0]) == (row["p_holm"] < 0.05)  # judged on the run-level test, whatever the GEE says
     gains = [(numbers["ibrl"]["held_out_by_seed"][k] - numbers["uni_sft"]["held_out_by_seed"][k]) * 100 for k in (0, 1)]
-    assert f"Per seed: 0: {gains[0]:+.1f}, 1: {gains[1]:+.1f} points; clusters = training runs: Holm p = " in lines[0]
+    assert f"Per seed: 0: {gains[0]:+.1f}, 1: {gains[1]:+.1f} points." in lines[0]
     assert 20 < gains[0] < 30 and 20 < gains[1] < 30  # .70 vs .45 on each seed
-    assert any("uni_bot" in g and "not met" in g for g in lines[1:])  # self-play .80 vs .75: +5 < +10
-    assert any("uni_sft" in g and "**met**" in g for g in lines[1:])
+    assert "Self-play agreement, best single-counterpart arm (uni_bot)" in lines[1]  # .75 > .40
+    assert "**not met**" in lines[1]  # +5 points < +10
+    assert (results.parent / "mini_runs.png").stat().st_size > 1000  # the per-run figure
+    assert "![held-out agreement per run](mini_runs.png)" in text
+    assert "Rollout engine: no topology.json found in training" in text
     matrix = text.split("## Cross-play")[1].split("##")[0]
     diagonal = f"{numbers['ibrl']['self_play']:.2f}"
     assert f"| ibrl | {diagonal} | 0.5" in matrix or f"| ibrl | {diagonal} | 0.4" in matrix  # cross-play ≈ .5
@@ -223,3 +241,16 @@ def test_recipe_env_reaches_eval_and_a_stale_sft_init_is_refused(bench, tmp_path
     (sft / "mini_table2_sft.json").write_text(json.dumps({"env": {**env, "show_complement": False}}))
     with pytest.raises(SystemExit, match="pass a new --sft-dir"):
         bench.stage_sft(sft, bench.QUICK)
+
+
+def test_ablations_train_on_their_own_seeds_and_each_seed_evaluates_its_arms(bench, tmp_path):
+    profile = bench.FULL
+    assert profile.seeds == (0, 1, 2, 3, 4) and profile.ablation_seeds == (0, 1, 2)
+    assert bench.arms_of(profile, 2) == profile.arms
+    assert bench.arms_of(profile, 4) == ("ibrl", "uni_sft", "uni_bot", "uni_pool")
+    sft = tmp_path / "sft"
+    main, cross = bench.eval_commands(tmp_path, profile, bench.arms(str(sft), "conceder"), str(sft), 4)
+    named = [main[i + 1].split("=")[0] for i, x in enumerate(main) if x == "--policy"]
+    assert named == ["ibrl", "uni_sft", "uni_bot", "uni_pool", "sft"]
+    line, _ = bench.compute_time(tmp_path, profile, None)
+    assert "(SFT, 29 training runs and the evaluations" in line  # 4 arms x 5 seeds + 3 ablations x 3 seeds

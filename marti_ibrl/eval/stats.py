@@ -9,7 +9,15 @@ counterpart).
     res = compare(df, reference="ibrl_9b", family_col="counterpart", outcome="agreed", cluster="scenario_uid")
     print(format_table(res))
 
-``statsmodels`` / ``pandas`` are imported lazily so that importing this module never requires them.
+When the methods are *trained* policies, the replicated unit is the training run, not the conversation: scenarios
+clustered within one run say how precisely that run was measured, not how another run of the same method would do.
+:func:`runs_vs_reference` is the test at that level: one value per run (e.g. its held-out agreement), Welch's
+two-sample t-test of each method's runs against the reference's, the difference in means with its 95% Welch CI, Holm
+across methods. (Welch, not a permutation test: with 5 runs per arm the exact permutation p cannot go below 2/252 =
+0.008, which Holm over six comparisons lifts to 0.048, so nothing could be shown; run means over thousands of
+conversations are close to normal, and Welch does not assume equal run-to-run spread, which differs between arms.)
+
+``statsmodels`` / ``pandas`` / ``scipy`` are imported lazily so that importing this module never requires them.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     import pandas as pd
 
-__all__ = ["compare", "format_table", "gee_vs_reference", "holm"]
+__all__ = ["compare", "format_runs_table", "format_table", "gee_vs_reference", "holm", "runs_vs_reference"]
 
 # Internal column names (kept out of the way of the caller's covariate terms).
 _Y, _M, _G = "_ibrl_y", "_ibrl_method", "_ibrl_cluster"
@@ -260,3 +268,89 @@ def format_table(df: pd.DataFrame, digits: int = 2) -> str:
             cells.append(_fmt_p(r["p_holm"]) + ("*" if r.get("significant") else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+RUNS_COLUMNS = ("method", "reference", "runs", "mean", "sd", "ref_runs", "ref_mean", "diff", "ci_low", "ci_high")
+
+
+def runs_vs_reference(
+    df: pd.DataFrame,
+    reference: Any,
+    value: str = "value",
+    method: str = "method",
+    alpha: float = 0.05,
+) -> pd.DataFrame:
+    """Each method's runs against the reference's (one row of ``df`` per training run, its ``value``).
+
+    Returns per non-reference method: ``runs, mean, sd`` (over its runs), ``ref_runs, ref_mean``, ``diff`` = mean −
+    ref_mean with the 95% Welch confidence interval ``ci_low, ci_high``, Welch's ``t``, ``df``, ``p_value``, and
+    ``p_holm`` / ``significant`` (Holm over the methods at ``alpha``). Rejects methods with fewer than two runs (no
+    run-to-run variance to test against) and values that are not finite.
+    """
+    import numpy as np
+    import pandas as pd
+    from scipy import stats
+
+    for col in (value, method):
+        if col not in df.columns:
+            raise ValueError(f"missing column {col!r} (have {list(df.columns)})")
+    values = pd.to_numeric(df[value], errors="coerce")
+    if not np.isfinite(values.to_numpy(dtype=float)).all():
+        raise ValueError(f"column {value!r} must be finite numbers, got {df[value].tolist()}")
+    runs = {m: values[df[method] == m].to_numpy(dtype=float) for m in dict.fromkeys(df[method])}
+    if reference not in runs:
+        raise ValueError(f"reference method {reference!r} has no runs (methods: {list(runs)})")
+    few = {m: len(x) for m, x in runs.items() if len(x) < 2}
+    if few:
+        raise ValueError(f"every method needs at least two runs for a run-level test; got {few}")
+    ref = runs[reference]
+    rows = []
+    for m, x in runs.items():
+        if m == reference:
+            continue
+        if x.std() == 0 and ref.std() == 0:
+            raise ValueError(f"{m!r} and {reference!r} have no run-to-run variance: a t-test is undefined")
+        res = stats.ttest_ind(x, ref, equal_var=False)
+        ci = res.confidence_interval(1 - alpha)
+        rows.append(
+            {
+                "method": m,
+                "reference": reference,
+                "runs": len(x),
+                "mean": float(x.mean()),
+                "sd": float(x.std(ddof=1)),
+                "ref_runs": len(ref),
+                "ref_mean": float(ref.mean()),
+                "diff": float(x.mean() - ref.mean()),
+                "ci_low": float(ci.low),
+                "ci_high": float(ci.high),
+                "t": float(res.statistic),
+                "df": float(res.df),
+                "p_value": float(res.pvalue),
+            }
+        )
+    out = pd.DataFrame(rows, columns=[*RUNS_COLUMNS, "t", "df", "p_value"])
+    out["p_holm"], out["significant"] = holm(out["p_value"].to_numpy(), alpha=alpha)
+    out["significant"] = out["significant"].astype(bool)
+    out.attrs.update(alpha=alpha, correction="holm", test="welch")
+    return out
+
+
+def format_runs_table(df: pd.DataFrame, scale: float = 100.0, unit: str = "points") -> str:
+    """Markdown table of :func:`runs_vs_reference`: Method | vs | runs | mean ± sd | Δ [95% CI] | t (df) | p | p_holm
+    (``*``: Holm-significant); means and differences multiplied by ``scale`` (rates as points by default)."""
+    header = ["Method", "vs", "runs", "mean ± sd", f"Δ {unit} [95% CI]", "t (df)", "p", "p_holm"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    for r in df.to_dict("records"):
+        cells = [
+            str(r["method"]),
+            f"{r['reference']} ({r['ref_runs']} runs, {r['ref_mean'] * scale:.1f})",
+            str(r["runs"]),
+            f"{r['mean'] * scale:.1f} ± {r['sd'] * scale:.1f}",
+            f"{r['diff'] * scale:+.1f} [{r['ci_low'] * scale:+.1f}, {r['ci_high'] * scale:+.1f}]",
+            f"{r['t']:.2f} ({r['df']:.1f})",
+            _fmt_p(r["p_value"]),
+            _fmt_p(r["p_holm"]) + ("*" if r["significant"] else ""),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
