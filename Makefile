@@ -19,7 +19,7 @@ OPENRLHF_VERSION := 0.11.2
 VLLM_VERSION := 0.29.0
 WHEELS := $(VENV)/wheels
 
-.PHONY: install test lint test-openrlhf demo clean
+.PHONY: install test lint test-openrlhf demo slurm clean
 
 install: $(STAMP)
 
@@ -58,6 +58,11 @@ test: install lint test-openrlhf
 
 demo: install
 	bash recipes/dond/tiny-cpu.sh
+
+# Debian's Slurm for recipes/local-slurm.sh (a two-node Slurm on this machine; tests/test_e2e_slurm.py): as root.
+slurm:
+	command -v slurmctld slurmd sbatch munged >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge; }
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache

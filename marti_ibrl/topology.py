@@ -58,10 +58,12 @@ def topology(
     device: str,
     nodes: Sequence[Mapping[str, Any]],
     frozen_engine_kind: str = "hf",
+    placed: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
 ) -> dict:
-    """The run's topology: per trained role its stack (:func:`trained_role`), per frozen role its counterparts
-    (``Policy`` objects: name, engine kind — ``frozen_engine_kind`` for checkpoints, None for a text player — and
-    engine count), the Ray nodes (:func:`ray_node`) and the device. Roles appear in the config's seat order."""
+    """The run's topology: per trained role its stack (:func:`trained_role`) and, given ``placed`` (role ->
+    ``RoleStack.node_ids()``), the Ray node of each of its processes; per frozen role its counterparts (``Policy``
+    objects: name, engine kind — ``frozen_engine_kind`` for checkpoints, None for a text player — and engine
+    count), the Ray nodes (:func:`ray_node`) and the device. Roles appear in the config's seat order."""
     frozen_out = {
         r: {
             "counterparts": [
@@ -78,7 +80,11 @@ def topology(
     }
     return {
         "device": device,
-        "trained": {r.name: trained_role(stacks[r.name]) for r in cfg.roles if r.name in stacks},
+        "trained": {
+            r.name: {**trained_role(stacks[r.name]), **({"placed_on": dict(placed[r.name])} if placed else {})}
+            for r in cfg.roles
+            if r.name in stacks
+        },
         "frozen": frozen_out,
         "nodes": [ray_node(n) for n in nodes],
     }

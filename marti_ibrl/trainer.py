@@ -196,7 +196,15 @@ class IBRLTrainer:
         self.frozen = {r.name: self._frozen_policies(r, device) for r in cfg.roles if r.frozen}
         write_topology(  # what actually runs: ranks, ZeRO stage, engines, reference, weight sync, Ray nodes
             self.run_dir,
-            topology(cfg, self.stacks, self.frozen, device, ray.nodes(), engine_kind(cfg.rollout.engine, device)),
+            topology(
+                cfg,
+                self.stacks,
+                self.frozen,
+                device,
+                ray.nodes(),
+                engine_kind(cfg.rollout.engine, device),
+                placed={r: s.node_ids() for r, s in self.stacks.items()},  # which node each process runs on
+            ),
         )
         if state is not None:
             self._pin_deepspeed_latest(state["iteration"])

@@ -12,15 +12,15 @@
 # and socket, slurm.conf, gres.conf, state, spool and logs, so nothing of the system's configuration is touched.
 # `up` is idempotent: a cluster that answers is left as it is. No cgroups (proctrack/linuxproc, task/none).
 #
-# Variables: IBRL_SLURM_DIR; IBRL_SLURM_CPUS (CPUs each node declares, default 8: more than the machine has is
-# allowed, SlurmdParameters=config_overrides), IBRL_SLURM_GPUS (fake GPUs per node, default 4: device files made
+# Variables: IBRL_SLURM_DIR; IBRL_SLURM_CPUS (CPUs each node declares, default 16: more than the machine has is
+# allowed, SlurmdParameters=config_overrides), IBRL_SLURM_GPUS (fake GPUs per node, default 8, as an 8-GPU node: device files made
 # with mknod, so jobs get CUDA_VISIBLE_DEVICES and SLURM_GPUS_ON_NODE as on a GPU cluster), IBRL_SLURM_PORT
 # (slurmctld's port, default 6817; the nodes use the next two).
 set -euo pipefail
 
 DIR=${IBRL_SLURM_DIR:-/tmp/ibrl-slurm}
-CPUS=${IBRL_SLURM_CPUS:-8}
-GPUS=${IBRL_SLURM_GPUS:-4}
+CPUS=${IBRL_SLURM_CPUS:-16}
+GPUS=${IBRL_SLURM_GPUS:-8}
 PORT=${IBRL_SLURM_PORT:-6817}
 NODES=(n1 n2)
 export SLURM_CONF=$DIR/slurm.conf

@@ -123,6 +123,12 @@ def test_topology_is_the_recipes(runs):
     assert {v["weight_sync"] for v in roles.values()} == {"gloo"}
     assert {v["reference"] for v in roles.values()} == {"colocated"}
     assert {v["param_dtype"] for v in roles.values()} == {"fp32"}
+    node = topology["nodes"][0]["node_id"]  # one Ray node here: every process of both roles on it
+    assert {r: {k: len(ids) for k, ids in v["placed_on"].items()} for r, v in roles.items()} == {
+        "agent1": {"actor": 2, "reference": 2, "engines": 2, "pool_engines": 1},
+        "agent2": {"actor": 2, "reference": 2, "engines": 1, "pool_engines": 1},
+    }
+    assert {i for v in roles.values() for ids in v["placed_on"].values() for i in ids} == {node}
 
 
 def test_engines_hold_the_actors_weights_after_every_sync(runs):

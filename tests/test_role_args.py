@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from marti_ibrl.backend.openrlhf_glue import device_slots, role_args, uses_pool
@@ -89,6 +91,48 @@ def test_ray_processes_get_no_forced_nccl_cumem(device: str, monkeypatch) -> Non
     assert [env["NCCL_CUMEM_ENABLE"] for env in seen] == ["1", "1"]
     assert ray_env_vars({"NCCL_CUMEM_ENABLE": "0"})["NCCL_CUMEM_ENABLE"] == "0"
     assert "NCCL_CUMEM_ENABLE" not in ray_env_vars({})
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_ray_cluster_without_the_jobs_slots_is_refused_with_one_thread_per_process_on_cpu(
+    device: str, monkeypatch
+) -> None:
+    """On a cluster (``--ray.address``) the slots are checked before anything starts, on CPU too (its slots are the
+    logical GPUs its nodes declare: with none, OpenRLHF's placement groups would wait forever); CPU processes get
+    one OpenMP thread each, on a cluster as on a local Ray."""
+    import ray
+
+    from marti_ibrl.backend import openrlhf_glue
+
+    seen, stopped = [], []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append(kw["runtime_env"]["env_vars"]))
+    monkeypatch.setattr(ray, "shutdown", lambda: stopped.append(True))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 8, "CPU": 64})
+    what = "GPUs" if device == "cuda" else "device slots (logical GPUs: `ray start --num-gpus` on CPU nodes)"
+    with pytest.raises(RuntimeError, match=rf"needs 9 {re.escape(what)} .* the Ray cluster has 8: OpenRLHF"):
+        openrlhf_glue.start_ray(9, device, address="auto")
+    assert stopped == [True]
+    openrlhf_glue.start_ray(8, device, address="auto")
+    assert [env.get("OMP_NUM_THREADS") for env in seen] == [None if device == "cuda" else "1"] * 2
+
+
+def test_a_local_run_starts_a_ray_of_its_own(monkeypatch) -> None:
+    """Without --ray.address, start_ray never joins a cluster it finds on the machine: an earlier `ray start` (a
+    Slurm job's Ray whose daemons outlived the job, recorded in /tmp/ray/ray_current_cluster) is where plain
+    `ray.init()` would go, and it refuses a local run's slots there ("num_cpus and num_gpus must not be provided")."""
+    import ray
+
+    from marti_ibrl.backend import openrlhf_glue
+
+    seen = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append(kw))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 8})
+    openrlhf_glue.start_ray(3, "cpu")
+    openrlhf_glue.start_ray(3, "cpu", address="auto")
+    assert [kw.get("address") for kw in seen] == ["local", "auto"]
+    assert (seen[0]["num_gpus"], seen[0]["num_cpus"]) == (3, 5)
 
 
 @pytest.mark.parametrize(

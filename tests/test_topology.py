@@ -91,6 +91,14 @@ def test_two_trained_roles(model: str, tmp_path) -> None:
     path = write_topology(tmp_path, got)
     assert path == tmp_path / TOPOLOGY_FILE and json.loads(path.read_text()) == got
     assert [p.name for p in tmp_path.iterdir()] == [TOPOLOGY_FILE]  # no temporary file left behind
+    # with the nodes each process was placed on (RoleStack.node_ids, asked of the running actors)
+    placed = {
+        "agent1": {"actor": ["a1"] * 8, "reference": ["a1"] * 8, "engines": ["b2"] * 3, "pool_engines": ["b2"] * 2},
+        "agent2": {"actor": ["b2", "b2"], "reference": [], "engines": ["a1"], "pool_engines": ["a1", "b2"]},
+    }
+    with_nodes = topology(cfg, stacks, {}, "cpu", NODES, placed=placed)
+    assert {r: v.pop("placed_on") for r, v in with_nodes["trained"].items()} == placed
+    assert with_nodes == got
 
 
 def test_frozen_role_lists_its_counterparts(model: str, monkeypatch) -> None:

