@@ -420,14 +420,13 @@ def cross_play_table(pairs: list[dict], policies: Sequence[str]) -> str:
 
 
 def episode_frame(pairs: list[dict], kind: str):
-    """One row per episode of ``kind``: method, seed, run (method/seed), scenario, counterpart, agreed."""
+    """One row per episode of ``kind``: method, seed, scenario, counterpart, agreed."""
     import pandas as pd
 
     rows = [
         {
             "method": p["policy"],
             "seed": p["seed"],
-            "run": f"{p['policy']}/seed{p['seed']}",
             "scenario_uid": e["scenario_uid"],
             "counterpart": p["counterpart"],
             "agreed": bool(e["agreed"]) and not e.get("failed", False),

