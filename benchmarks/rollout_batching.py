@@ -36,7 +36,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_dond_model(tmp)
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR")
         env = DondEnv(max_rounds=args.max_rounds, prompt_style="compact")
         tok = AutoTokenizer.from_pretrained(model)
         policies = {

@@ -282,8 +282,9 @@ class IBRLTrainer:
         with timer("sample"):  # scenarios q and the opponent configuration of Eq. 6
             scenarios = self.sampler.next_batch(cfg.rollout.batch_size)
             configuration = self.sample_configuration(k)
+            schedule = roles_due(k, {r.name: r.update_every for r in cfg.roles if not r.frozen})  # u_i(k), §4.2
         with timer("opponents"):  # per Eq. 6 pairing, who plays each seat: current, pool snapshot, frozen counterpart
-            plays, opponents = self.seat_policies(k, configuration, scenarios)
+            plays, opponents = self.seat_policies(k, configuration, scenarios, due=schedule)
         with timer("rollout"):  # shared trajectories; per-role rewards R_i(τ) scored as dialogues finish
             trajectories = self.runner.run(
                 [p.scenario for p in plays],
@@ -300,7 +301,6 @@ class IBRLTrainer:
             self.finish_snapshots()
         scored = self.training_rewards(trajectories)  # Eq. 4 membership; R_i (or an ablation's reward)
         report_reward_failures(k, trajectories, self.roles)  # e.g. a failed judgement: out of that role's groups
-        schedule = roles_due(k, {r.name: r.update_every for r in cfg.roles if not r.frozen})  # u_i(k), §4.2
         due = [r for r in schedule if scored[r]]  # a role facing nobody as its current self has nothing to learn
         with timer("experience"), ThreadPoolExecutor(max(1, len(due))) as pool:  # per-role masks m_i, Eq. 4
             precomputed = cfg.ablation == "joint_norm"
@@ -337,7 +337,9 @@ class IBRLTrainer:
             return BOTH
         return sample_configuration(self._rng("configuration", k), self.roles, self.cfg.pool.probs)
 
-    def seat_policies(self, k: int, configuration: str, scenarios) -> tuple[list[Play], dict]:
+    def seat_policies(
+        self, k: int, configuration: str, scenarios, due: Sequence[str] | None = None
+    ) -> tuple[list[Play], dict]:
         """The iteration's plays: every scenario once per pairing of ``configuration`` (Eq. 6,
         :func:`~marti_ibrl.algorithm.pool.pairings`), with the policy of every seat and the roles it feeds; and
         the log entry: every policy that played each role's seat, and each pairing's learners and seats.
@@ -347,12 +349,19 @@ class IBRLTrainer:
         pool without one lends the current policy). When that leaves nothing historical, the iteration is played
         as one all-current pairing feeding every role. A frozen role's counterpart is sampled per scenario and
         pairing (pool-of-N).
+
+        ``due`` (u_i(k) of §4.2, the roles that update at k): a pairing none of whose learners is due is not played,
+        since its dialogues would feed no update (the user's pairing on the agent's off-iterations); when no role
+        is due at all, every pairing is played, for the iteration's metrics.
         """
         if configuration != BOTH:
             self.finish_snapshots()  # the pools must hold every snapshot up to iteration k-1
         rng = self._rng("opponents", k)
         cast: list[tuple[Pairing, dict[str, Policy]]] = []
-        for pairing in pairings(configuration, self.trained):
+        chosen = pairings(configuration, self.trained)
+        if due is not None and any(set(p.learners) & set(due) for p in chosen):
+            chosen = [p for p in chosen if set(p.learners) & set(due)]
+        for pairing in chosen:
             fixed = {r: self._historical(r, rng) if r in pairing.history else self._current(r) for r in self.stacks}
             cast.append((pairing, fixed))
         if all(p.name == "current" for p in cast[0][1].values()):  # no history to face: current play for all

@@ -36,7 +36,7 @@ def _args(model: str, run_dir: Path) -> list[str]:
         *("--role2.update_every", "2", "--role1.kl_coef", "0", "--role2.kl_coef", "0"),
         *("--train.device", "cpu", "--ray.log_to_driver", "false"),
         *("--pool.probs", "[0.4,0.3,0.3]", "--pool.size", "2"),
-        *("--train.seed", "9"),  # draws agent1, agent1, agent2, agent2: iterations 3 and 4 play two Eq. 6 pairings
+        *("--train.seed", "9"),  # draws agent1, agent1, agent2, agent2: iteration 4 plays two Eq. 6 pairings
     ]
 
 
@@ -111,13 +111,16 @@ def test_resumed_run_replays_the_same_iterations(runs):
     assert b["rollout_log"][:2] == killed_log
     # same opponent configurations (Eq. 6 draws), opponents and scenario order in every iteration
     assert a["rollout_log"] == b["rollout_log"]
-    # the killed iteration 3 and iteration 4: agent2 (current) faces agent1's history and agent1 the current agent2,
-    # each role learning from its own pairing; replayed exactly, snapshot included
+    # the killed iteration 3: agent2 is not due (update_every 2), so its pairing against agent1's history is not
+    # played, only current play for agent1; iteration 4: agent2 (current) faces agent1's history and agent1 the
+    # current agent2, each role learning from its own pairing. Replayed exactly, snapshot included
     assert [e["configuration"] for e in b["rollout_log"]] == ["agent1", "agent1", "agent2", "agent2"]
-    for e in b["rollout_log"][2:]:
-        history, current = e["pairings"]
-        assert history["learners"] == ["agent2"] and history["seats"]["agent1"].startswith("pool:")
-        assert current == {"learners": ["agent1"], "seats": {"agent1": "current", "agent2": "current"}}
+    current = {"agent1": "current", "agent2": "current"}
+    assert b["rollout_log"][2]["pairings"] == [{"learners": ["agent1", "agent2"], "seats": current}]
+    history, now = b["rollout_log"][3]["pairings"]
+    assert history["learners"] == ["agent2"] and history["seats"]["agent1"].startswith("pool:")
+    assert now == {"learners": ["agent1"], "seats": current}
+    assert [m["rollout/dialogues"] for m in b["history"]][2:] == [4.0, 8.0]
     assert a["updates"] == b["updates"] == {"agent1": b["updates"]["agent1"], "agent2": b["updates"]["agent2"]}
     assert a["sampler"] == b["sampler"]
     for ha, hb in zip(a["history"], b["history"]):

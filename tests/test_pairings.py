@@ -111,3 +111,22 @@ def test_three_roles_the_configurations_role_faces_every_others_history(tmp_path
     assert history["seats"]["b"] == "current" and history["seats"]["c"] == "pool:2"
     assert history["seats"]["a"] in {"pool:1", "pool:2"}
     assert current["seats"] == {"a": "current", "b": "current", "c": "current"}
+
+
+def test_a_pairing_whose_learners_are_not_due_is_not_played(tmp_path) -> None:
+    """u_i(k) = 0 for agent2 (it updates every second iteration): in a p_agent1 iteration the all-current pairing
+    would feed only agent2's groups, which no update reads, so only agent1's pairing is played; in a p_agent2
+    iteration only the all-current pairing is, feeding agent1. With no role due, every pairing is played."""
+    t = _trainer(tmp_path, {"agent1": 4, "agent2": 2}, {"agent1": [1, 2], "agent2": [1]})
+    plays, log = t.seat_policies(5, "agent1", SCENARIOS, due=["agent1"])
+    assert [(p.learners, p.policies["agent2"].name) for p in plays] == [(("agent1",), "pool:1")] * 3
+    assert log["pairings"] == [{"learners": ["agent1"], "seats": {"agent1": "current", "agent2": "pool:1"}}]
+    plays, log = t.seat_policies(5, "agent2", SCENARIOS, due=["agent1"])
+    assert {(p.learners, p.policies["agent1"].name, p.policies["agent2"].name) for p in plays} == {
+        (("agent1", "agent2"), "current", "current")
+    }
+    assert len(plays) == len(SCENARIOS) and not t.stacks["agent1"].pool_engines[0].loaded
+    plays, _ = t.seat_policies(5, "agent1", SCENARIOS, due=[])
+    assert len(plays) == 2 * len(SCENARIOS)
+    plays, _ = t.seat_policies(6, "agent1", SCENARIOS, due=["agent1", "agent2"])
+    assert len(plays) == 2 * len(SCENARIOS)

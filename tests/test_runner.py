@@ -104,7 +104,7 @@ def tok(tmp_path_factory: pytest.TempPathFactory):
 def ray_local():
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     if started:
         ray.shutdown()

@@ -16,9 +16,10 @@ Every role's group for (role, q) then has G members, as in a ``both`` iteration 
 the history iterations' advantages noisier, halving the scenarios would give the roles fewer samples),
 and every role is trained on the same number of dialogues in every iteration. The cost: a history
 iteration rolls out twice the dialogues (pool engines serve the snapshots' turns of the first pairing);
-with the paper's p = 0.7 / 0.2 / 0.1 that is 30% more dialogues over a run. When no other role has a
-snapshot to play (empty pools), the history pairing would be current play: then the iteration plays one
-all-current pairing that feeds every role, as ``both`` does.
+with the paper's p = 0.7 / 0.2 / 0.1 that is 30% more dialogues over a run, 15% when the user updates every
+second iteration: the trainer skips a pairing none of whose learners is due (``IBRLTrainer.seat_policies``,
+§4.2). When no other role has a snapshot to play (empty pools), the history pairing would be current
+play: then the iteration plays one all-current pairing that feeds every role, as ``both`` does.
 
 A historical checkpoint only plays the environment: its tokens get no gradient and its trajectories
 are in no group of its role (``acted_with_current_policy`` in advantages.py, and the pairing's
