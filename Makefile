@@ -54,7 +54,7 @@ test-openrlhf: install
 		$$($(abspath $(PY)) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tests
 
 test: install lint test-openrlhf
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 demo: install
 	bash recipes/dond/tiny-cpu.sh
