@@ -19,7 +19,7 @@ OPENRLHF_VERSION := 0.11.2
 VLLM_VERSION := 0.29.0
 WHEELS := $(VENV)/wheels
 
-.PHONY: install test lint test-openrlhf demo slurm clean
+.PHONY: install test lint test-openrlhf demo slurm slurm-if-root clean
 
 install: $(STAMP)
 
@@ -53,16 +53,22 @@ test-openrlhf: install
 	cd /tmp && $(abspath $(PY)) -m pytest -q -p no:cacheprovider \
 		$$($(abspath $(PY)) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tests
 
-test: install lint test-openrlhf
+test: install lint test-openrlhf slurm-if-root
 	$(PY) -m pytest -q --durations=30 tests
 
 demo: install
 	bash recipes/dond/tiny-cpu.sh
 
-# Debian's Slurm for recipes/local-slurm.sh (a two-node Slurm on this machine; tests/test_e2e_slurm.py): as root.
+# Debian's Slurm for recipes/local-slurm.sh (a two-node Slurm on this machine; tests/test_e2e_tiny_cluster.py
+# submits the tiny cluster recipe to it): as root.
 slurm:
 	command -v slurmctld slurmd sbatch munged >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge; }
+
+# `make test` installs Slurm where it can (root, apt-get); elsewhere the Slurm tests skip and say why.
+slurm-if-root:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then $(MAKE) --no-print-directory slurm; \
+	else echo "not root or no apt-get: Slurm is not installed, the tests that sbatch a recipe skip"; fi
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache

@@ -25,12 +25,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         resolve_device(cfg.train.device)  # before the trainer's imports (Ray, DeepSpeed) print anything
     except ConfigError as e:
         return fail(e)
+    from marti_ibrl.backend.nodes import NodeLostError
     from marti_ibrl.trainer import train
 
     try:
         train(cfg)  # the trainer's own checks (prompts that fit --rollout.max_len) come before Ray starts
     except ConfigError as e:
         return fail(e)
+    except NodeLostError as e:  # the cluster lost a node: resumable from the last commit (the message says how)
+        print(f"marti-ibrl train: error: {e}", file=sys.stderr)
+        return 3
     return 0
 
 

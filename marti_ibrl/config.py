@@ -152,6 +152,11 @@ class TrainConfig:
     seed: int = 42
     device: str = "auto"
     """``auto`` (cuda when available), ``cpu`` or ``cuda``."""
+    check_sync: bool = False
+    """After start-up and every iteration, compare a digest of each role's actor weights with each of its engines'
+    (and a pool engine's with its snapshot file), append them to ``RUN/sync_checks.jsonl`` and stop on a mismatch:
+    a check of the actor -> engine weight broadcast (NCCL, gloo) for a new cluster or a new model. Costs a gather
+    of every parameter per role and iteration."""
 
 
 @dataclass

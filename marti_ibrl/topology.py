@@ -41,10 +41,12 @@ def trained_role(stack: Any) -> dict:
 
 
 def ray_node(node: Mapping[str, Any]) -> dict:
-    """One entry of ``ray.nodes()``: its id, address, liveness and CPU/GPU resources."""
+    """One entry of ``ray.nodes()``: its id, name (``ray start --node-name``: recipes/slurm-ray.sh gives each
+    node its Slurm host name; Ray's default is the address), address, liveness and CPU/GPU resources."""
     resources = node.get("Resources", {})
     return {
         "node_id": node["NodeID"],
+        "name": node.get("NodeName") or node["NodeManagerAddress"],
         "address": node["NodeManagerAddress"],
         "alive": bool(node["Alive"]),
         "resources": {"CPU": resources.get("CPU", 0.0), "GPU": resources.get("GPU", 0.0)},

@@ -37,6 +37,7 @@ from marti_ibrl.algorithm.pool import (
     sample_configuration,
 )
 from marti_ibrl.algorithm.schedule import roles_due
+from marti_ibrl.backend.nodes import NodeLostError, NodeWatch, loss_message
 from marti_ibrl.backend.openrlhf_glue import RoleStack, engine_kind, init_ray, start_engines
 from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
 from marti_ibrl.device import resolve_device
@@ -49,6 +50,7 @@ from marti_ibrl.rollout.runner import DialogueRunner, Policy, first_turns_overfl
 from marti_ibrl.topology import topology, write_topology
 
 STATE_FILE = "trainer_state.json"
+SYNC_CHECKS_FILE = "sync_checks.jsonl"  # --train.check_sync
 
 
 @dataclass
@@ -194,18 +196,16 @@ class IBRLTrainer:
         init_ray(cfg, device)
         self.stacks = {r.name: RoleStack.start(cfg, r, device) for r in cfg.roles if not r.frozen}
         self.frozen = {r.name: self._frozen_policies(r, device) for r in cfg.roles if r.frozen}
-        write_topology(  # what actually runs: ranks, ZeRO stage, engines, reference, weight sync, Ray nodes
-            self.run_dir,
-            topology(
-                cfg,
-                self.stacks,
-                self.frozen,
-                device,
-                ray.nodes(),
-                engine_kind(cfg.rollout.engine, device),
-                placed={r: s.node_ids() for r, s in self.stacks.items()},  # which node each process runs on
-            ),
+        self.topology = topology(  # what actually runs: ranks, ZeRO stage, engines, reference, weight sync, nodes
+            cfg,
+            self.stacks,
+            self.frozen,
+            device,
+            ray.nodes(),
+            engine_kind(cfg.rollout.engine, device),
+            placed={r: s.node_ids() for r, s in self.stacks.items()},  # which node each process runs on
         )
+        write_topology(self.run_dir, self.topology)
         if state is not None:
             self._pin_deepspeed_latest(state["iteration"])
         ray.get([ref for s in self.stacks.values() for ref in s.init_models(cfg.train.iterations)])
@@ -438,18 +438,70 @@ class IBRLTrainer:
 
     def fit(self) -> list[dict]:
         cfg = self.cfg
-        bar = tqdm(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
-        for k in bar:
-            metrics = self.iteration(k)
-            self.history.append(metrics)
-            self.logger.log_train(k, metrics)
-            bar.set_postfix({f"{r}/reward": f"{metrics[f'{r}/reward']:.2f}" for r in self.roles})
-            if cfg.ckpt.save_steps > 0 and k % cfg.ckpt.save_steps == 0 and k < cfg.train.iterations:
-                self.save(k)
-        self.save(cfg.train.iterations, final=True)
+        watch = NodeWatch(self.topology["nodes"])  # a lost Ray node stops the run with NodeLostError
+        k = self.start_iteration
+        try:
+            self.check_sync(k - 1)  # (--train.check_sync) the start-up broadcast
+            bar = tqdm(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
+            for k in bar:
+                metrics = self.iteration(k)
+                self.check_sync(k)
+                self.history.append(metrics)
+                self.logger.log_train(k, metrics)
+                bar.set_postfix({f"{r}/reward": f"{metrics[f'{r}/reward']:.2f}" for r in self.roles})
+                if cfg.ckpt.save_steps > 0 and k % cfg.ckpt.save_steps == 0 and k < cfg.train.iterations:
+                    self.save(k)
+            self.save(cfg.train.iterations, final=True)
+        except KeyboardInterrupt:
+            if not watch.lost:  # a real Ctrl-C
+                raise
+            raise self._node_lost(watch.lost, k) from None
+        except ray.exceptions.RayError as e:
+            lost = watch.lost_error(e)
+            if not lost:
+                raise
+            raise self._node_lost(lost, k) from e
+        finally:
+            watch.stop()
         self.logger.close()
         self.rewards.close()
         return self.history
+
+    def _node_lost(self, lost: list[dict], k: int) -> NodeLostError:
+        committed = (self._committed_state() or {}).get("iteration", 0)
+        placed = {r: v.get("placed_on", {}) for r, v in self.topology["trained"].items()}
+        return NodeLostError(loss_message(lost, placed, k, committed, str(self.run_dir)))
+
+    def check_sync(self, k: int) -> None:
+        """--train.check_sync: after iteration k (0: start-up) every trained role's engines hold its actor's
+        weights and its pool engines the snapshot file they loaded; the digests go to ``RUN/sync_checks.jsonl``
+        (a resumed run appends: the last line of an iteration is the committed run's). A mismatch stops the run."""
+        if not self.cfg.train.check_sync:
+            return
+        from safetensors.torch import load_file
+
+        from marti_ibrl.rollout.engines import params_digest
+
+        for r, stack in self.stacks.items():
+            record = {"iteration": k, "role": r, "actor": stack.weights_digest(), "engines": stack.engine_digests()}
+            pool = self.pools.get(r)
+            snap = next((m for m in pool.members if m.version == self.pool_loaded.get(r)), None) if pool else None
+            if snap is not None:  # (a snapshot evicted since it was loaded is not checked)
+                record["pool_version"] = snap.version
+                record["pool_file"] = params_digest(load_file(str(pool.path(snap))).items())
+                record["pool_engines"] = stack.engine_digests(stack.pool_engines)
+            with open(self.run_dir / SYNC_CHECKS_FILE, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            wrong = [i for i, d in enumerate(record["engines"]) if d != record["actor"]]
+            wrong_pool = [i for i, d in enumerate(record.get("pool_engines", [])) if d != record["pool_file"]]
+            if wrong or wrong_pool:
+                what = "start-up" if k == 0 else f"iteration {k}"
+                raise RuntimeError(
+                    f"--train.check_sync: after {what}, {r}'s engines {wrong} do not hold its actor's weights "
+                    f"and its pool engines {wrong_pool} not pool snapshot v{record.get('pool_version')} "
+                    f"(weight sync {self.topology['trained'][r]['weight_sync']}); digests in "
+                    f"{self.run_dir / SYNC_CHECKS_FILE}"
+                )
 
     # -- checkpoints, logs -----------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real two-node Slurm cluster on this one machine, to try the recipes with sbatch (and to test them in CI).
 #
-#   bash recipes/local-slurm.sh up       start munged, slurmctld and two slurmd nodes (n1, n2) on 127.0.0.1
+#   bash recipes/local-slurm.sh up       start munged, slurmctld and two slurmd nodes: n1 (127.0.0.2), n2 (127.0.0.3)
 #   bash recipes/local-slurm.sh status   what runs, and the `export SLURM_CONF=...` line to use it
 #   bash recipes/local-slurm.sh down     stop them (the scratch directory stays: logs, job output)
 #
@@ -66,12 +66,30 @@ write_config() {
             gres_lines+="NodeName=$node Name=gpu File=$DIR/dev/$node-nvidia$i"$'\n'
         done
     done
+    # No cgroups here (proctrack/linuxproc): a job's processes that were re-parented to init (vLLM's engine cores
+    # when their actor died, Ray's daemons) would outlive it. As a cgroup would, the epilog kills whatever still
+    # carries the job's id in its environment, on every node at the job's end (a requeue included).
+    cat >"$DIR/epilog.sh" <<'EPILOG'
+#!/bin/bash
+[[ -n ${SLURM_JOB_ID:-} ]] || exit 0
+for environ in /proc/[0-9]*/environ; do
+    pid=${environ#/proc/}
+    pid=${pid%/environ}
+    [[ $pid == "$$" ]] && continue
+    if tr '\0' '\n' <"$environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$SLURM_JOB_ID"; then
+        kill -9 "$pid" 2>/dev/null
+    fi
+done
+exit 0
+EPILOG
+    chmod 755 "$DIR/epilog.sh"
     {
         echo "AutoDetect=off"
         printf '%s' "$gres_lines"
     } >"$DIR/gres.conf"
     cat >"$SLURM_CONF" <<EOF
-# written by recipes/local-slurm.sh: two nodes on one machine ($host, 127.0.0.1)
+# written by recipes/local-slurm.sh: two nodes on one machine ($host): n1 at 127.0.0.2, n2 at 127.0.0.3 (loopback:
+# each Ray node gets an address of its own; Ray would replace 127.0.0.1 by the machine's public address)
 ClusterName=ibrl-local
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$PORT
@@ -97,8 +115,9 @@ SlurmdTimeout=30
 MinJobAge=300
 JobRequeue=1
 MpiDefault=none
-NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 1)) CPUs=$CPUS Gres=gpu:$GPUS State=UNKNOWN
-NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 2)) CPUs=$CPUS Gres=gpu:$GPUS State=UNKNOWN
+Epilog=$DIR/epilog.sh
+NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.2 Port=$((PORT + 1)) CPUs=$CPUS Gres=gpu:$GPUS State=UNKNOWN
+NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.3 Port=$((PORT + 2)) CPUs=$CPUS Gres=gpu:$GPUS State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 EOF
     # gres.conf is read from beside slurm.conf

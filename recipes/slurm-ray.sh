@@ -1,13 +1,21 @@
 # Shared by the Slurm recipes (recipes/<domain>/<model>.sh): sourced, never run by itself.
 #
-# A recipe sets IBRL_NODES / IBRL_GPUS_PER_NODE (its #SBATCH header), RECIPE (its own path), checks its
-# variables with ibrl_require, fills TRAIN_FLAGS (what `marti-ibrl train` gets) and calls ibrl_main "$@":
+# A recipe sets IBRL_NODES / IBRL_GPUS_PER_NODE (its #SBATCH header), sources recipes/prologue.sh (RECIPE,
+# MARTI_IBRL, RAY, PYTHON), checks its variables with ibrl_require, fills TRAIN_FLAGS (what `marti-ibrl train` gets)
+# and calls ibrl_main "$@":
 #
 #   sbatch RECIPE.sh [--section.key VALUE ...]   preflight `marti-ibrl plan --strict` (fails before anything
 #                                                starts when the job does not fit), Ray head on the first node and
 #                                                a worker on every other node (srun), wait until Ray has every GPU
 #                                                of the allocation, then `ray job submit -- marti-ibrl train
 #                                                TRAIN_FLAGS --ray.address auto`; the job's exit code is train's.
+#                                                Each Ray node is named after its Slurm node (--node-name) and
+#                                                listens on the address Slurm has for it (NodeAddr).
+#                                                Preemption and the time limit: SIGTERM to the batch shell
+#                                                (#SBATCH --signal=B:TERM@300) requeues the job (--requeue); a
+#                                                requeued job (SLURM_RESTART_COUNT > 0) resumes by itself from its
+#                                                RUN_DIR's last committed iteration (--ckpt.load_enable true).
+#                                                A lost node ends the job with train's error naming the node.
 #   bash RECIPE.sh --plan [flags]                the placement and memory per GPU, anywhere (no GPU, no Ray);
 #                                                checkpoint paths that do not exist here are sized by name
 #                                                (Qwen3.5-4B/9B) or with --model-config.
@@ -15,21 +23,14 @@
 #
 # Environment (all optional): MARTI_IBRL (the marti-ibrl executable; default: on PATH, else .venv/bin),
 # RAY / PYTHON (default: beside MARTI_IBRL), RUN_DIR (default: runs/<job name>-<job id> in the repository),
-# GPU_MEMORY_GIB (per GPU, default 80), RAY_PORT (6379), RAY_DASHBOARD_PORT (8265), RAY_WAIT_TIMEOUT (seconds
+# GPU_MEMORY_GIB (per GPU, default 80), RAY_PORT (6379), RAY_DASHBOARD_PORT (8265), RAY_CLIENT_PORT (10001),
+# RAY_AGENT_PORT (the head's dashboard agent, 52365; `ray job submit` goes through it), RAY_WORKER_AGENT_PORT (the
+# other nodes' agents, default RAY_AGENT_PORT: Ray nodes sharing one machine, as on the local Slurm of
+# recipes/local-slurm.sh, need distinct ones, since every agent also listens on 127.0.0.1), RAY_WAIT_TIMEOUT (seconds
 # to wait for the cluster, default 600). sbatch passes the submitting shell's environment on (--export=ALL, the
 # default): activate the environment where marti-ibrl is installed (pip install -e ".[gpu]") and export the
 # variables (model paths, API keys) before sbatch; the Ray processes and the training job inherit them.
 
-IBRL_NAME=$(basename "$RECIPE" .sh)
-RECIPE_DIR=$(cd "$(dirname "$RECIPE")" && pwd)
-IBRL_ROOT=$(cd "$RECIPE_DIR/../.." && pwd)
-
-if [[ -z "${MARTI_IBRL:-}" ]]; then
-    MARTI_IBRL=$(command -v marti-ibrl || echo "$IBRL_ROOT/.venv/bin/marti-ibrl")
-fi
-BIN_DIR=$(dirname "$MARTI_IBRL")
-RAY=${RAY:-$([[ -x "$BIN_DIR/ray" ]] && echo "$BIN_DIR/ray" || echo ray)}
-PYTHON=${PYTHON:-$([[ -x "$BIN_DIR/python" ]] && echo "$BIN_DIR/python" || echo python3)}
 RUN_DIR=${RUN_DIR:-$IBRL_ROOT/runs/${SLURM_JOB_NAME:-$IBRL_NAME}-${SLURM_JOB_ID:-local}}
 GPU_MEMORY_GIB=${GPU_MEMORY_GIB:-80}
 
@@ -77,22 +78,50 @@ print(int(ray.cluster_resources().get("GPU", 0)))' "$address" 2>/dev/null | tail
         "node did not join; see this job's output for the \`ray start\` errors of the nodes"
 }
 
+# ibrl_node_ip HOST: the IPv4 address Slurm reaches HOST at (its NodeAddr, resolved), for Ray's --node-ip-address.
+ibrl_node_ip() {
+    local addr
+    addr=$(scontrol show node "$1" 2>/dev/null | sed -n 's/^ *NodeAddr=\([^ ]*\).*/\1/p')
+    addr=${addr:-$1}
+    if [[ ! $addr =~ ^[0-9]+(\.[0-9]+){3}$ ]]; then
+        addr=$(getent ahostsv4 "$addr" | awk 'NR == 1 {print $1}')
+    fi
+    [[ -n $addr ]] || ibrl_die "cannot resolve the address of node $1 (scontrol show node $1: NodeAddr)"
+    echo "$addr"
+}
+
+# SIGTERM to the batch shell (preemption, or #SBATCH --signal=B:TERM@N before the time limit): requeue the job.
+# Nothing is lost but the iteration in progress: the requeued job resumes from the last commit.
+ibrl_on_sigterm() {
+    ibrl_log "SIGTERM: requeueing job $SLURM_JOB_ID; it resumes from the last committed iteration in $RUN_DIR"
+    scontrol requeue "$SLURM_JOB_ID" || ibrl_log "scontrol requeue failed (a job submitted with --no-requeue, or" \
+        "one being requeued already); to resume by hand: RUN_DIR=$RUN_DIR sbatch $RECIPE --ckpt.load_enable true"
+    exit 143
+}
+
 ibrl_run() {
     [[ -n "${SLURM_JOB_ID:-}" ]] || ibrl_die "not inside a Slurm job: submit with sbatch $RECIPE (or $RECIPE --plan)"
     command -v srun >/dev/null || ibrl_die "srun not found"
+    if ((${SLURM_RESTART_COUNT:-0} > 0)); then
+        ibrl_log "job $SLURM_JOB_ID restarted (requeue $SLURM_RESTART_COUNT): resuming from $RUN_DIR's last commit"
+        TRAIN_FLAGS+=(--ckpt.load_enable true)
+    fi
+    trap ibrl_on_sigterm TERM
     local nodes=${SLURM_JOB_NUM_NODES:-$IBRL_NODES} gpn=${SLURM_GPUS_ON_NODE:-$IBRL_GPUS_PER_NODE}
     local port=${RAY_PORT:-6379} dashboard=${RAY_DASHBOARD_PORT:-8265} cpus=${SLURM_CPUS_PER_TASK:-$((gpn * 4))}
+    local client=${RAY_CLIENT_PORT:-10001} agent=${RAY_AGENT_PORT:-52365}
     ibrl_log "preflight: marti-ibrl plan --strict for $nodes nodes x $gpn GPUs"
     ibrl_plan "$nodes" "$gpn" --strict || ibrl_die "the job does not fit this allocation (plan above); nothing started"
 
     local hosts head head_ip
     mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
     head=${hosts[0]}
-    head_ip=$(srun --nodes=1 --ntasks=1 --overlap -w "$head" hostname --ip-address | awk '{print $1}')
+    head_ip=$(ibrl_node_ip "$head")
     ibrl_log "Ray head on $head ($head_ip:$port), workers on: ${hosts[*]:1}"
     srun --nodes=1 --ntasks=1 --overlap -w "$head" \
-        "$RAY" start --head --block --node-ip-address="$head_ip" --port="$port" \
-        --dashboard-host=0.0.0.0 --dashboard-port="$dashboard" --num-cpus="$cpus" --num-gpus="$gpn" &
+        "$RAY" start --head --block --node-ip-address="$head_ip" --node-name="$head" --port="$port" \
+        --dashboard-host="$head_ip" --dashboard-port="$dashboard" --ray-client-server-port="$client" \
+        --dashboard-agent-listen-port="$agent" --num-cpus="$cpus" --num-gpus="$gpn" &
     local start=$SECONDS
     until "$RAY" status --address="$head_ip:$port" >/dev/null 2>&1; do
         ((SECONDS - start < ${RAY_WAIT_TIMEOUT:-600})) || ibrl_die "the Ray head on $head did not start (output above)"
@@ -101,15 +130,20 @@ ibrl_run() {
     local host
     for host in "${hosts[@]:1}"; do
         srun --nodes=1 --ntasks=1 --overlap -w "$host" \
-            "$RAY" start --block --address="$head_ip:$port" --num-cpus="$cpus" --num-gpus="$gpn" &
+            "$RAY" start --block --address="$head_ip:$port" --node-ip-address="$(ibrl_node_ip "$host")" \
+            --node-name="$host" --dashboard-agent-listen-port="${RAY_WORKER_AGENT_PORT:-$agent}" \
+            --num-cpus="$cpus" --num-gpus="$gpn" &
     done
     ibrl_wait_for_gpus "$head_ip:$port" $((nodes * gpn))
 
     mkdir -p "$RUN_DIR"
     ibrl_log "submitting: marti-ibrl train ${TRAIN_FLAGS[*]} --ray.address auto"
-    local rc=0
-    "$RAY" job submit --address="http://$head_ip:$dashboard" --submission-id="ibrl-$SLURM_JOB_ID" -- \
-        "$MARTI_IBRL" train "${TRAIN_FLAGS[@]}" --ray.address auto || rc=$?
+    local rc=0 submit  # (in the background: bash runs the SIGTERM trap only between commands, or in `wait`)
+    "$RAY" job submit --address="http://$head_ip:$dashboard" \
+        --submission-id="ibrl-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" -- \
+        "$MARTI_IBRL" train "${TRAIN_FLAGS[@]}" --ray.address auto &
+    submit=$!
+    wait "$submit" || rc=$?
     ibrl_log "training job ended (exit $rc); run directory: $RUN_DIR"
     exit "$rc"
 }

@@ -16,6 +16,7 @@ from marti_ibrl.topology import TOPOLOGY_FILE, topology, write_topology
 NODES = [
     {
         "NodeID": "a1",
+        "NodeName": "gpu-node-01",
         "NodeManagerAddress": "10.0.0.1",
         "Alive": True,
         "Resources": {"CPU": 16.0, "GPU": 8.0, "memory": 1e11, "node:10.0.0.1": 1.0},
@@ -83,8 +84,20 @@ def test_two_trained_roles(model: str, tmp_path) -> None:
         },
         "frozen": {},
         "nodes": [
-            {"node_id": "a1", "address": "10.0.0.1", "alive": True, "resources": {"CPU": 16.0, "GPU": 8.0}},
-            {"node_id": "b2", "address": "10.0.0.2", "alive": False, "resources": {"CPU": 4.0, "GPU": 0.0}},
+            {
+                "node_id": "a1",
+                "name": "gpu-node-01",
+                "address": "10.0.0.1",
+                "alive": True,
+                "resources": {"CPU": 16.0, "GPU": 8.0},
+            },
+            {
+                "node_id": "b2",
+                "name": "10.0.0.2",
+                "address": "10.0.0.2",
+                "alive": False,
+                "resources": {"CPU": 4.0, "GPU": 0.0},
+            },
         ],
     }
     assert list(got["trained"]) == ["agent1", "agent2"]  # seat order, not the stacks' order

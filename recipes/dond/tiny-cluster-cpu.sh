@@ -5,6 +5,9 @@
 #SBATCH --gres=gpu:5
 #SBATCH --cpus-per-task=8
 #SBATCH --output=%x-%j.out
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --signal=B:TERM@300
 #
 # The 32-GPU DoND recipe's structure at tiny size, launched exactly as the GPU recipes are: through
 # recipes/slurm-ray.sh (plan --strict preflight, Ray head on the first node, a worker on the second, wait for every
@@ -21,10 +24,9 @@
 set -euo pipefail
 IBRL_NODES=2 IBRL_GPUS_PER_NODE=5  # = the #SBATCH header
 
-# The recipe's own path (under sbatch the running file is Slurm's copy, "slurm_script": ask Slurm for the original).
-RECIPE=${BASH_SOURCE[0]}
-if [[ $(basename "$RECIPE") == slurm_script && -n "${SLURM_JOB_ID:-}" ]]; then
-    RECIPE=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
-    [[ "$RECIPE" = /* ]] || RECIPE=$SLURM_SUBMIT_DIR/$RECIPE
+RECIPE=${BASH_SOURCE[0]}  # under sbatch, Slurm's copy: the original is the job's Command (recipes/prologue.sh)
+if [[ ${RECIPE##*/} == slurm_script ]]; then
+    RECIPE=$(cd "$SLURM_SUBMIT_DIR" && realpath "$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')")
 fi
-source "$(dirname "$RECIPE")/train-flags.sh"
+source "$(dirname "$RECIPE")/../prologue.sh"
+source "$RECIPE_DIR/train-flags.sh"

@@ -4,5 +4,10 @@
 # IB-RL on DoND through the local Ray + DeepSpeed path (config: recipes/dond/tiny-cpu.yaml).
 # Extra arguments go to `marti-ibrl demo` (e.g. --out DIR, --iterations N).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-exec .venv/bin/marti-ibrl demo --config recipes/dond/tiny-cpu.yaml "$@"
+RECIPE=${BASH_SOURCE[0]}  # under sbatch, Slurm's copy: the original is the job's Command (recipes/prologue.sh)
+if [[ ${RECIPE##*/} == slurm_script ]]; then
+    RECIPE=$(cd "$SLURM_SUBMIT_DIR" && realpath "$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')")
+fi
+source "$(dirname "$RECIPE")/../prologue.sh"
+cd "$IBRL_ROOT"
+exec "$MARTI_IBRL" demo --config "$RECIPE_DIR/tiny-cpu.yaml" "$@"

@@ -1,7 +1,7 @@
-# Sourced by recipes/dond/qwen3.5-*.sh after they set IBRL_NODES, IBRL_GPUS_PER_NODE and RECIPE: the
-# variables a DoND recipe needs and the flags it hands to `marti-ibrl train` (config: the YAML named
-# like the recipe, beside it). The variables are documented in each recipe's header.
-source "$(dirname "$RECIPE")/../slurm-ray.sh"
+# Sourced by recipes/dond/*.sh (the Slurm ones) after they set IBRL_NODES and IBRL_GPUS_PER_NODE and source
+# recipes/prologue.sh: the variables a DoND recipe needs and the flags it hands to `marti-ibrl train` (config: the
+# YAML named like the recipe, beside it). The variables are documented in each recipe's header.
+source "$RECIPE_DIR/../slurm-ray.sh"
 
 ibrl_require DOND_MODEL "the HF checkpoint both DoND roles start from"
 TRAIN_FLAGS=(

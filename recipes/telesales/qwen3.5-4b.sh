@@ -7,6 +7,9 @@
 #SBATCH --exclusive
 #SBATCH --time=3-00:00:00
 #SBATCH --output=%x-%j.out
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --signal=B:TERM@300
 #
 # IB-RL on Vehicle TeleSales, sales and customer from their Qwen3.5-4B SFT checkpoints, on 4 nodes x 8 GPUs.
 # Hyperparameters and GPU layout: qwen3.5-4b.yaml beside this file.
@@ -27,10 +30,9 @@
 set -euo pipefail
 IBRL_NODES=4 IBRL_GPUS_PER_NODE=8  # = the #SBATCH header
 
-# The recipe's own path (under sbatch the running file is Slurm's copy, "slurm_script": ask Slurm for the original).
-RECIPE=${BASH_SOURCE[0]}
-if [[ $(basename "$RECIPE") == slurm_script && -n "${SLURM_JOB_ID:-}" ]]; then
-    RECIPE=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
-    [[ "$RECIPE" = /* ]] || RECIPE=$SLURM_SUBMIT_DIR/$RECIPE
+RECIPE=${BASH_SOURCE[0]}  # under sbatch, Slurm's copy: the original is the job's Command (recipes/prologue.sh)
+if [[ ${RECIPE##*/} == slurm_script ]]; then
+    RECIPE=$(cd "$SLURM_SUBMIT_DIR" && realpath "$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')")
 fi
-source "$(dirname "$RECIPE")/train-flags.sh"
+source "$(dirname "$RECIPE")/../prologue.sh"
+source "$RECIPE_DIR/train-flags.sh"

@@ -1,7 +1,7 @@
-# Sourced by recipes/telesales/qwen3.5-*.sh after they set IBRL_NODES, IBRL_GPUS_PER_NODE and RECIPE: the
-# variables a TeleSales recipe needs and the flags it hands to `marti-ibrl train` (config: the YAML named
-# like the recipe, beside it). The variables are documented in each recipe's header.
-source "$(dirname "$RECIPE")/../slurm-ray.sh"
+# Sourced by recipes/telesales/qwen3.5-*.sh after they set IBRL_NODES and IBRL_GPUS_PER_NODE and source
+# recipes/prologue.sh: the variables a TeleSales recipe needs and the flags it hands to `marti-ibrl train` (config: the
+# YAML named like the recipe, beside it). The variables are documented in each recipe's header.
+source "$RECIPE_DIR/../slurm-ray.sh"
 
 ibrl_require SALES_MODEL "the sales agent's SFT checkpoint"
 ibrl_require CUSTOMER_MODEL "the customer's SFT checkpoint"

@@ -1,0 +1,115 @@
+"""A Ray node lost mid-run: noticed within seconds, reported as one clear error that names the node.
+
+On a cluster a node can go away under a running job (hardware, the scheduler, an OOM-killed raylet). What Ray
+raises then depends on where the driver was blocked: an ``ActorDiedError`` from a rollout engine, a gloo/NCCL
+error from a surviving rank, or nothing at all while the surviving ranks wait in a collective for a peer that is
+gone. :class:`NodeWatch` polls ``ray.nodes()`` in a thread and interrupts the driver when a node the run placed
+processes on is no longer alive; :meth:`NodeWatch.lost_error` turns whatever was raised into a
+:class:`NodeLostError` that names the node (its Slurm host name: ``recipes/slurm-ray.sh`` starts each Ray node with
+``--node-name``), the roles that had processes there, and how to resume. Nothing of the interrupted iteration is
+committed (``IBRLTrainer.save`` writes the commit record last, atomically).
+
+:func:`lost_nodes` and :func:`loss_message` are pure; the watch is the only part that talks to Ray.
+"""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+class NodeLostError(RuntimeError):
+    """A Ray node the run had processes on died; the message says which, what ran there and how to resume."""
+
+
+def lost_nodes(started: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """The nodes of ``started`` (``topology.ray_node`` entries alive at start-up) that ``now`` (``ray.nodes()``)
+    reports dead or no longer lists."""
+    alive = {n["NodeID"] for n in now if n.get("Alive")}
+    return [dict(n) for n in started if n["alive"] and n["node_id"] not in alive]
+
+
+def loss_message(
+    lost: Sequence[Mapping[str, Any]],
+    placed: Mapping[str, Mapping[str, Sequence[str]]],
+    iteration: int,
+    committed: int,
+    run_dir: str,
+) -> str:
+    """One paragraph: which node (name, address, id), whose processes ran there (``placed``: role -> kind -> node
+    ids, as ``RoleStack.node_ids()``), the iteration that was lost and the one to resume from."""
+    parts = []
+    for node in lost:
+        on = [
+            f"{role} {kind} ({sum(i == node['node_id'] for i in ids)})"
+            for role, kinds in placed.items()
+            for kind, ids in kinds.items()
+            if node["node_id"] in ids
+        ]
+        name = node.get("name") or node["address"]
+        parts.append(
+            f"Ray node {name} ({node['address']}, id {node['node_id'][:12]}) was lost during iteration {iteration}; "
+            f"it ran {', '.join(on) if on else 'none of the roles processes'}"
+        )
+    resume = (
+        f"the run directory {run_dir} holds iteration {committed} as committed"
+        if committed
+        else f"nothing was committed yet in {run_dir}"
+    )
+    return (
+        "; ".join(parts)
+        + f". Nothing of iteration {iteration} was committed: {resume}. Resume on a healthy allocation with the "
+        f"same --ckpt.path and --ckpt.load_enable true (a Slurm recipe: RUN_DIR={run_dir} sbatch RECIPE "
+        "--ckpt.load_enable true)."
+    )
+
+
+class NodeWatch:
+    """Polls ``ray.nodes()`` every ``period`` seconds; when a started node is lost, records it and interrupts the
+    main thread (a ``KeyboardInterrupt`` there, which :meth:`lost_error` turns into :class:`NodeLostError`).
+
+    Only a run on more than one node is watched: on one node the driver goes down with it."""
+
+    def __init__(self, started: Sequence[Mapping[str, Any]], period: float = 2.0):
+        self.started = [n for n in started if n["alive"]]
+        self.period = period
+        self.lost: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = None
+        if len(self.started) > 1:
+            self._thread = threading.Thread(target=self._run, name="ibrl-node-watch", daemon=True)
+            self._thread.start()
+
+    def _check(self) -> list[dict]:
+        import ray
+
+        try:
+            return lost_nodes(self.started, ray.nodes())
+        except Exception:  # the GCS itself unreachable: the driver's own calls fail and say so
+            return []
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            lost = self._check()
+            if lost:
+                self.lost = lost
+                _thread.interrupt_main()
+                return
+
+    def lost_error(self, error: BaseException, wait: float = 30.0) -> list[dict]:
+        """After ``error`` (a Ray error or the watch's interrupt): the lost nodes, waiting up to ``wait`` seconds
+        for Ray to declare a node dead (its health check lags the first failed call); [] when none was lost."""
+        if self._thread is None:
+            return []
+        deadline = time.monotonic() + wait
+        while not self.lost and time.monotonic() < deadline:
+            self.lost = self._check()
+            if not self.lost:
+                time.sleep(1.0)
+        return self.lost
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,83 @@
+"""A lost Ray node (``marti_ibrl.backend.nodes``): which started nodes are gone, the message naming the node and
+what ran there, and the watch interrupting a driver blocked in a call that would never return."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from marti_ibrl.backend import nodes
+from marti_ibrl.backend.nodes import NodeWatch, loss_message, lost_nodes
+
+STARTED = [
+    {"node_id": "aaaa1111bbbb2222", "name": "n1", "address": "127.0.0.1", "alive": True},
+    {"node_id": "cccc3333dddd4444", "name": "n2", "address": "127.0.0.1", "alive": True},
+    {"node_id": "eeee5555ffff6666", "name": "n3", "address": "127.0.0.1", "alive": False},  # dead at start-up
+]
+PLACED = {
+    "agent1": {"actor": ["aaaa1111bbbb2222", "cccc3333dddd4444"], "engines": ["cccc3333dddd4444"] * 2},
+    "agent2": {"actor": ["aaaa1111bbbb2222"] * 2, "engines": ["aaaa1111bbbb2222"]},
+}
+
+
+def _ray_nodes(*alive: str) -> list[dict]:
+    return [{"NodeID": n["node_id"], "Alive": n["node_id"] in alive} for n in STARTED]
+
+
+def test_a_node_dead_or_gone_since_start_up_is_lost() -> None:
+    assert lost_nodes(STARTED, _ray_nodes("aaaa1111bbbb2222", "cccc3333dddd4444")) == []
+    assert [n["name"] for n in lost_nodes(STARTED, _ray_nodes("aaaa1111bbbb2222"))] == ["n2"]
+    assert [n["name"] for n in lost_nodes(STARTED, _ray_nodes("aaaa1111bbbb2222")[:1])] == ["n2"]  # not listed
+
+
+def test_the_message_names_the_node_what_ran_there_and_how_to_resume() -> None:
+    message = loss_message([STARTED[1]], PLACED, iteration=2, committed=1, run_dir="/runs/x")
+    assert message.startswith("Ray node n2 (127.0.0.1, id cccc3333dddd) was lost during iteration 2; it ran ")
+    assert "agent1 actor (1), agent1 engines (2)" in message and "agent2" not in message
+    assert "Nothing of iteration 2 was committed: the run directory /runs/x holds iteration 1 as committed" in message
+    assert "RUN_DIR=/runs/x sbatch RECIPE --ckpt.load_enable true" in message
+    first = loss_message([STARTED[1]], PLACED, iteration=1, committed=0, run_dir="/runs/x")
+    assert "nothing was committed yet in /runs/x" in first
+
+
+def test_the_watch_interrupts_a_blocked_driver_when_a_node_dies(monkeypatch) -> None:
+    import ray
+
+    alive = {"aaaa1111bbbb2222", "cccc3333dddd4444"}
+    monkeypatch.setattr(ray, "nodes", lambda: _ray_nodes(*alive))
+    watch = NodeWatch(STARTED, period=0.05)
+    threading.Timer(0.3, lambda: alive.discard("cccc3333dddd4444")).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        while time.monotonic() - start < 10:  # a ray.get that never returns
+            time.sleep(0.01)
+    assert time.monotonic() - start < 5
+    assert [n["name"] for n in watch.lost] == ["n2"]
+    watch.stop()
+
+
+def test_a_ray_error_waits_for_the_health_check_to_declare_the_node_dead(monkeypatch) -> None:
+    import ray
+
+    calls = []
+
+    def ray_nodes():  # Ray declares n2 dead on the third look
+        calls.append(1)
+        return _ray_nodes("aaaa1111bbbb2222", *(["cccc3333dddd4444"] if len(calls) < 3 else []))
+
+    monkeypatch.setattr(ray, "nodes", ray_nodes)
+    monkeypatch.setattr(nodes.time, "sleep", lambda s: None)
+    watch = NodeWatch(STARTED, period=3600)
+    assert [n["name"] for n in watch.lost_error(RuntimeError("actor died"))] == ["n2"]
+    assert len(calls) == 3
+    watch.stop()
+
+
+def test_one_node_is_not_watched_and_no_error_waits(monkeypatch) -> None:
+    import ray
+
+    monkeypatch.setattr(ray, "nodes", lambda: pytest.fail("a one-node run polls nothing"))
+    watch = NodeWatch(STARTED[:1])
+    assert watch.lost_error(RuntimeError("a bug")) == []
