@@ -438,8 +438,9 @@ class IBRLTrainer:
 
     def fit(self) -> list[dict]:
         cfg = self.cfg
-        watch = NodeWatch(self.topology["nodes"])  # a lost Ray node stops the run with NodeLostError
         k = self.start_iteration
+        # a lost Ray node stops the run with NodeLostError, naming the node
+        watch = NodeWatch(self.topology["nodes"], describe=lambda lost: str(self._node_lost(lost, k)))
         try:
             self.check_sync(k - 1)  # (--train.check_sync) the start-up broadcast
             bar = tqdm(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")

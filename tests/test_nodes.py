@@ -81,3 +81,28 @@ def test_one_node_is_not_watched_and_no_error_waits(monkeypatch) -> None:
     monkeypatch.setattr(ray, "nodes", lambda: pytest.fail("a one-node run polls nothing"))
     watch = NodeWatch(STARTED[:1])
     assert watch.lost_error(RuntimeError("a bug")) == []
+
+
+def test_a_driver_stuck_after_the_interrupt_is_ended_by_the_watch(tmp_path) -> None:
+    """Interrupted, the main thread may still be stuck (joining a thread that waits on a collective whose peer is
+    gone): after the grace period the watch prints the error itself and exits with status 3."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import time, ray\n"
+        "from marti_ibrl.backend.nodes import NodeWatch\n"
+        "calls = []\n"
+        "ray.nodes = lambda: calls.append(1) or [{'NodeID': 'a', 'Alive': True}, {'NodeID': 'b', 'Alive': len(calls) < 3}]\n"
+        "started = [{'node_id': i, 'name': i, 'address': '127.0.0.1', 'alive': True} for i in 'ab']\n"
+        "watch = NodeWatch(started, describe=lambda lost: f'lost {[n[\"name\"] for n in lost]}', period=0.05, grace=0.5)\n"
+        "try:\n"
+        "    time.sleep(30)\n"
+        "except KeyboardInterrupt:\n"
+        "    time.sleep(30)  # stuck\n"
+    )
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (3, "marti-ibrl train: error: lost ['b']")
+    assert time.monotonic() - start < 25

@@ -15,9 +15,11 @@ committed (``IBRLTrainer.save`` writes the commit record last, atomically).
 from __future__ import annotations
 
 import _thread
+import os
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -69,13 +71,21 @@ def loss_message(
 
 class NodeWatch:
     """Polls ``ray.nodes()`` every ``period`` seconds; when a started node is lost, records it and interrupts the
-    main thread (a ``KeyboardInterrupt`` there, which :meth:`lost_error` turns into :class:`NodeLostError`).
+    main thread (a ``KeyboardInterrupt`` there, which the trainer turns into :class:`NodeLostError`). If the main
+    thread has not ended the run ``grace`` seconds later (stuck joining a thread that waits on a collective whose
+    peer is gone), the watch prints ``describe(lost)`` as the error and exits the process with status 3.
 
     Only a run on more than one node is watched: on one node the driver goes down with it."""
 
-    def __init__(self, started: Sequence[Mapping[str, Any]], period: float = 2.0):
+    def __init__(
+        self,
+        started: Sequence[Mapping[str, Any]],
+        describe: Callable[[list[dict]], str] = lambda lost: f"Ray node(s) lost: {lost}",
+        period: float = 2.0,
+        grace: float = 60.0,
+    ):
         self.started = [n for n in started if n["alive"]]
-        self.period = period
+        self.describe, self.period, self.grace = describe, period, grace
         self.lost: list[dict] = []
         self._stop = threading.Event()
         self._thread = None
@@ -97,6 +107,9 @@ class NodeWatch:
             if lost:
                 self.lost = lost
                 _thread.interrupt_main()
+                if not self._stop.wait(self.grace):
+                    print(f"marti-ibrl train: error: {self.describe(lost)}", file=sys.stderr, flush=True)
+                    os._exit(3)
                 return
 
     def lost_error(self, error: BaseException, wait: float = 30.0) -> list[dict]:
