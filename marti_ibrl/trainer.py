@@ -468,6 +468,16 @@ class IBRLTrainer:
         self.rewards.close()
         return self.history
 
+    def close(self) -> None:
+        """Kill the run's processes (every role's ranks and engines, the frozen counterparts' engines)."""
+        for stack in self.stacks.values():
+            stack.kill()
+        for engine in (e for policies in self.frozen.values() for p in policies for e in p.engines):
+            try:
+                ray.kill(engine, no_restart=True)
+            except Exception:
+                pass
+
     def _node_lost(self, lost: list[dict], k: int) -> NodeLostError:
         committed = (self._committed_state() or {}).get("iteration", 0)
         placed = {r: v.get("placed_on", {}) for r, v in self.topology["trained"].items()}
@@ -636,6 +646,9 @@ def summary_table(history: list[dict], roles: Sequence[str]) -> str:
 
 def train(cfg: Config) -> list[dict]:
     trainer = IBRLTrainer(cfg)
-    history = trainer.fit()
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.close()
     print(summary_table(history, trainer.roles))
     return history

@@ -497,15 +497,27 @@ class RoleStack:
     def weights_digest(self) -> str:
         return ray.get(self.actor.async_run_method(method_name="weights_digest"))[0]
 
-    def node_ids(self) -> dict[str, list[str]]:
-        """The Ray node id of every process of the role: actor ranks, reference ranks, engines, pool engines."""
-        groups = {
+    def processes(self) -> dict[str, list]:
+        """The role's Ray actors: actor ranks, reference ranks, engines, pool engines."""
+        return {
             "actor": self.actor._actor_handlers,
             "reference": self.ref._actor_handlers if self.ref is not None else [],
             "engines": self.engines,
             "pool_engines": self.pool_engines,
         }
-        return {k: ray.get([h.__ray_call__.remote(_node_id) for h in handles]) for k, handles in groups.items()}
+
+    def node_ids(self) -> dict[str, list[str]]:
+        """The Ray node id of every process of the role (:meth:`processes`)."""
+        return {k: ray.get([h.__ray_call__.remote(_node_id) for h in hs]) for k, hs in self.processes().items()}
+
+    def kill(self) -> None:
+        """Kill every process of the role now. Ray's own teardown at the driver's exit stops the raylet first and
+        leaves each worker to notice; a rank spinning in a native collective never does and outlives the run."""
+        for handle in (h for hs in self.processes().values() for h in hs):
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # already dead (a lost node), or Ray itself is gone
+                pass
 
     def engine_digests(self, engines: list | None = None) -> list[str]:
         return ray.get([e.weights_digest.remote() for e in (self.engines if engines is None else engines)])
