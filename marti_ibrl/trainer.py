@@ -38,7 +38,7 @@ from marti_ibrl.algorithm.pool import (
 )
 from marti_ibrl.algorithm.schedule import roles_due
 from marti_ibrl.backend.nodes import NodeLostError, NodeWatch, loss_message
-from marti_ibrl.backend.openrlhf_glue import RoleStack, engine_kind, init_ray, start_engines
+from marti_ibrl.backend.openrlhf_glue import RoleStack, engine_kind, init_ray, kill_actors, start_engines
 from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
 from marti_ibrl.device import resolve_device
 from marti_ibrl.envs import make_env
@@ -472,11 +472,7 @@ class IBRLTrainer:
         """Kill the run's processes (every role's ranks and engines, the frozen counterparts' engines)."""
         for stack in self.stacks.values():
             stack.kill()
-        for engine in (e for policies in self.frozen.values() for p in policies for e in p.engines):
-            try:
-                ray.kill(engine, no_restart=True)
-            except Exception:
-                pass
+        kill_actors(e for policies in self.frozen.values() for p in policies for e in p.engines)
 
     def _node_lost(self, lost: list[dict], k: int) -> NodeLostError:
         committed = (self._committed_state() or {}).get("iteration", 0)

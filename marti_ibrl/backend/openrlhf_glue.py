@@ -10,6 +10,7 @@ experience maker. Nothing is shared between roles except the dialogues. The same
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from dataclasses import dataclass, replace
@@ -511,16 +512,19 @@ class RoleStack:
         return {k: ray.get([h.__ray_call__.remote(_node_id) for h in hs]) for k, hs in self.processes().items()}
 
     def kill(self) -> None:
-        """Kill every process of the role now. Ray's own teardown at the driver's exit stops the raylet first and
-        leaves each worker to notice; a rank spinning in a native collective never does and outlives the run."""
-        for handle in (h for hs in self.processes().values() for h in hs):
-            try:
-                ray.kill(handle, no_restart=True)
-            except Exception:  # already dead (a lost node), or Ray itself is gone
-                pass
+        """Kill every process of the role now (:func:`kill_actors`)."""
+        kill_actors(h for hs in self.processes().values() for h in hs)
 
     def engine_digests(self, engines: list | None = None) -> list[str]:
         return ray.get([e.weights_digest.remote() for e in (self.engines if engines is None else engines)])
+
+
+def kill_actors(handles) -> None:
+    """``ray.kill`` each actor. Ray's own teardown at the driver's exit stops the raylet first and leaves each
+    worker to notice; a rank spinning in a native collective never does and outlives the run."""
+    for handle in handles:
+        with contextlib.suppress(Exception):  # already dead (a lost node), or Ray itself is gone
+            ray.kill(handle, no_restart=True)
 
 
 def _node_id(_actor) -> str:
