@@ -76,7 +76,7 @@ for environ in /proc/[0-9]*/environ; do
     pid=${environ#/proc/}
     pid=${pid%/environ}
     [[ $pid == "$$" ]] && continue
-    if tr '\0' '\n' <"$environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$SLURM_JOB_ID"; then
+    if { tr '\0' '\n' <"$environ"; } 2>/dev/null | grep -qx "SLURM_JOB_ID=$SLURM_JOB_ID"; then
         kill -9 "$pid" 2>/dev/null
     fi
 done
@@ -159,7 +159,13 @@ up() {
 }
 
 down() {
-    local pidfile pid
+    local pidfile pid jobs
+    # jobs first: stopping slurmd under a running job would leave the job's processes behind (no epilog)
+    if [[ -f "$SLURM_CONF" ]] && jobs=$(squeue -h -o %i 2>/dev/null) && [[ -n $jobs ]]; then
+        # shellcheck disable=SC2086
+        scancel --full $jobs 2>/dev/null || true
+        for _ in $(seq 60); do [[ -z $(squeue -h -o %i 2>/dev/null) ]] && break; sleep 1; done
+    fi
     for pidfile in "$DIR"/run/slurmd-*.pid "$DIR/run/slurmctld.pid" "$DIR/run/munged.pid"; do
         [[ -f "$pidfile" ]] || continue
         pid=$(cat "$pidfile")

@@ -72,7 +72,7 @@ print(int(ray.cluster_resources().get("GPU", 0)))' "$address" 2>/dev/null | tail
             ibrl_log "Ray cluster at $address has $have GPUs"
             return 0
         fi
-        sleep 10
+        sleep 3
     done
     ibrl_die "the Ray cluster at $address has $have of the $want GPUs after ${timeout}s (RAY_WAIT_TIMEOUT): a worker" \
         "node did not join; see this job's output for the \`ray start\` errors of the nodes"
@@ -125,7 +125,7 @@ ibrl_run() {
     local start=$SECONDS
     until "$RAY" status --address="$head_ip:$port" >/dev/null 2>&1; do
         ((SECONDS - start < ${RAY_WAIT_TIMEOUT:-600})) || ibrl_die "the Ray head on $head did not start (output above)"
-        sleep 5
+        sleep 2
     done
     local host
     for host in "${hosts[@]:1}"; do

