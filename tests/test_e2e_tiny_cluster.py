@@ -42,7 +42,7 @@ LOCAL_SLURM = ROOT / "recipes" / "local-slurm.sh"
 SLURM_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel")
 N2_ADDRESS = "127.0.0.3"  # recipes/local-slurm.sh: n1 at 127.0.0.2, n2 at 127.0.0.3
 TOLERANCE = 1e-6
-ITERATIONS = 3
+ITERATIONS = 4  # with seed 9: iteration 4 plays agent2 against a snapshot of agent1 (a pool engine serves it)
 WAIT = 900  # seconds, at most, for any one step of the Slurm runs
 
 pytestmark = [
@@ -79,7 +79,7 @@ def _flags() -> list[str]:
         *("--rollout.batch_size", "2", "--rollout.max_new_tokens", "24", "--rollout.max_len", "512"),
         *("--env.max_rounds", "2", "--pool.probs", "[0.4,0.3,0.3]", "--pool.size", "2"),
         *("--train.iterations", str(ITERATIONS), "--ckpt.save_steps", "1", "--ckpt.save_hf", "true"),
-        *("--train.check_sync", "true"),
+        *("--train.check_sync", "true", "--train.seed", "9"),
     ]
 
 
@@ -299,7 +299,8 @@ def test_engines_hold_the_actors_weights_after_every_sync(runs):
                 assert len(rec["engines"]) == {"agent1": 2, "agent2": 1}[r]
             if "pool_file" in rec:
                 assert set(rec["pool_engines"]) == {rec["pool_file"]}, (run.name, k, r)
-    assert any("pool_file" in rec for rec in _sync(runs.a).values())  # a historical iteration was played
+    for run in (runs.a, runs.straight):  # iteration 4 played agent1's history: a pool engine served a snapshot
+        assert [(k, r) for (k, r), rec in _sync(run).items() if "pool_file" in rec] == [(4, "agent1")], run.name
 
 
 def test_start_up_leaves_the_actor_as_loaded(runs):
@@ -314,7 +315,7 @@ def test_start_up_leaves_the_actor_as_loaded(runs):
 def test_weights_change_on_due_iterations_only_with_finite_losses(runs):
     """(Before patches/deepspeed/0001 a projection gathered half-written at start-up could be garbage: NaN losses.)"""
     history, sync = _state(runs.a)["history"], _sync(runs.a)
-    assert [m["agent2/scheduled"] for m in history] == [0.0, 1.0, 0.0]  # update_every 2
+    assert [m["agent2/scheduled"] for m in history] == [0.0, 1.0, 0.0, 1.0]  # update_every 2
     assert history[0]["agent1/updated"] == 1.0
     for r in ("agent1", "agent2"):
         for k, m in enumerate(history, start=1):
@@ -365,7 +366,7 @@ def test_the_interrupted_run_ends_as_the_straight_one(runs):
             for s in (state_a, state_b)
         ]
         assert members[0] == members[1], role
-    assert [m["iteration"] for m in state_b["history"]] == [1, 2, 3]
+    assert [m["iteration"] for m in state_b["history"]] == list(range(1, ITERATIONS + 1))
     for ma, mb in zip(state_a["history"], state_b["history"]):
         assert json.dumps(_deterministic(mb), sort_keys=True) == json.dumps(_deterministic(ma), sort_keys=True)
     for r in ("agent1", "agent2"):
