@@ -3,8 +3,8 @@
 On a cluster a node can go away under a running job (hardware, the scheduler, an OOM-killed raylet). What Ray
 raises then depends on where the driver was blocked: an ``ActorDiedError`` from a rollout engine, a gloo/NCCL
 error from a surviving rank, or nothing at all while the surviving ranks wait in a collective for a peer that is
-gone. :class:`NodeWatch` polls ``ray.nodes()`` in a thread and interrupts the driver when a node the run placed
-processes on is no longer alive; :meth:`NodeWatch.lost_error` turns whatever was raised into a
+gone. :class:`NodeWatch` polls ``ray.nodes()`` in a thread and interrupts the driver when a node the run started
+on is no longer alive; :meth:`NodeWatch.lost_error` turns whatever was raised into a
 :class:`NodeLostError` that names the node (its Slurm host name: ``recipes/slurm-ray.sh`` starts each Ray node with
 ``--node-name``), the roles that had processes there, and how to resume. Nothing of the interrupted iteration is
 committed (``IBRLTrainer.save`` writes the commit record last, atomically).
@@ -52,9 +52,10 @@ def loss_message(
             if node["node_id"] in ids
         ]
         name = node.get("name") or node["address"]
+        ran = ", ".join(on) if on else "none of the roles' processes"
         parts.append(
             f"Ray node {name} ({node['address']}, id {node['node_id'][:12]}) was lost during iteration {iteration}; "
-            f"it ran {', '.join(on) if on else 'none of the roles processes'}"
+            f"it ran {ran}"
         )
     resume = (
         f"the run directory {run_dir} holds iteration {committed} as committed"
