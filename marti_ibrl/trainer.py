@@ -442,26 +442,27 @@ class IBRLTrainer:
         # a lost Ray node stops the run with NodeLostError, naming the node
         watch = NodeWatch(self.topology["nodes"], describe=lambda lost: str(self._node_lost(lost, k)))
         try:
-            self.check_sync(k - 1)  # (--train.check_sync) the start-up broadcast
-            bar = tqdm(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
-            for k in bar:
-                metrics = self.iteration(k)
-                self.check_sync(k)
-                self.history.append(metrics)
-                self.logger.log_train(k, metrics)
-                bar.set_postfix({f"{r}/reward": f"{metrics[f'{r}/reward']:.2f}" for r in self.roles})
-                if cfg.ckpt.save_steps > 0 and k % cfg.ckpt.save_steps == 0 and k < cfg.train.iterations:
-                    self.save(k)
-            self.save(cfg.train.iterations, final=True)
+            try:
+                self.check_sync(k - 1)  # (--train.check_sync) the start-up broadcast
+                bar = tqdm(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
+                for k in bar:
+                    metrics = self.iteration(k)
+                    self.check_sync(k)
+                    self.history.append(metrics)
+                    self.logger.log_train(k, metrics)
+                    bar.set_postfix({f"{r}/reward": f"{metrics[f'{r}/reward']:.2f}" for r in self.roles})
+                    if cfg.ckpt.save_steps > 0 and k % cfg.ckpt.save_steps == 0 and k < cfg.train.iterations:
+                        self.save(k)
+                self.save(cfg.train.iterations, final=True)
+            except ray.exceptions.RayError as e:  # a lost node's first sign is often an actor gone
+                lost = watch.lost_error(e)  # (the watch's interrupt may land in here: the outer handler takes it)
+                if not lost:
+                    raise
+                raise self._node_lost(lost, k) from e
         except KeyboardInterrupt:
             if not watch.lost:  # a real Ctrl-C
                 raise
             raise self._node_lost(watch.lost, k) from None
-        except ray.exceptions.RayError as e:
-            lost = watch.lost_error(e)
-            if not lost:
-                raise
-            raise self._node_lost(lost, k) from e
         finally:
             watch.stop()
         self.logger.close()

@@ -258,7 +258,8 @@ def _sync(run_dir: Path) -> dict[tuple[int, str], dict]:
 
 
 def _deterministic(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if not k.startswith("timing/") and "per_s" not in k}
+    """A run's metrics less its wall times (timing/*, */snapshot_seconds, rates)."""
+    return {k: v for k, v in metrics.items() if not (k.startswith("timing/") or k.endswith("seconds") or "per_s" in k)}
 
 
 # -- what either path checks ----------------------------------------------------------------------------------

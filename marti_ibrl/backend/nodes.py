@@ -88,6 +88,7 @@ class NodeWatch:
         self.started = [n for n in started if n["alive"]]
         self.describe, self.period, self.grace = describe, period, grace
         self.lost: list[dict] = []
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
         if len(self.started) > 1:
@@ -102,14 +103,22 @@ class NodeWatch:
         except Exception:  # the GCS itself unreachable: the driver's own calls fail and say so
             return []
 
+    def _claim(self, lost: list[dict]) -> bool:
+        """Record ``lost``; True for the first to find it (only the watch's own find interrupts the driver)."""
+        with self._lock:
+            if self.lost:
+                return False
+            self.lost = lost
+            return True
+
     def _run(self) -> None:
         while not self._stop.wait(self.period):
             lost = self._check()
-            if lost:
-                self.lost = lost
+            if lost and self._claim(lost):
                 _thread.interrupt_main()
+            if self.lost:  # found by the watch or by lost_error: end the run if the driver does not
                 if not self._stop.wait(self.grace):
-                    print(f"marti-ibrl train: error: {self.describe(lost)}", file=sys.stderr, flush=True)
+                    print(f"marti-ibrl train: error: {self.describe(self.lost)}", file=sys.stderr, flush=True)
                     os._exit(3)
                 return
 
@@ -120,8 +129,10 @@ class NodeWatch:
             return []
         deadline = time.monotonic() + wait
         while not self.lost and time.monotonic() < deadline:
-            self.lost = self._check()
-            if not self.lost:
+            lost = self._check()
+            if lost:
+                self._claim(lost)
+            else:
                 time.sleep(1.0)
         return self.lost
 
