@@ -359,8 +359,9 @@ class IBRLTrainer:
         rng = self._rng("opponents", k)
         cast: list[tuple[Pairing, dict[str, Policy]]] = []
         chosen = pairings(configuration, self.trained)
-        if due is not None and any(set(p.learners) & set(due) for p in chosen):
-            chosen = [p for p in chosen if set(p.learners) & set(due)]
+        feeding_due = [p for p in chosen if due is not None and set(p.learners) & set(due)]
+        if feeding_due:
+            chosen = feeding_due
         for pairing in chosen:
             fixed = {r: self._historical(r, rng) if r in pairing.history else self._current(r) for r in self.stacks}
             cast.append((pairing, fixed))
