@@ -5,20 +5,31 @@
 #       > runs/bench.log 2>&1 &
 #
 # While no `.ci/run` runs on the machine, COMMAND runs in its own process group. When one starts, COMMAND is
-# interrupted (SIGINT, then SIGTERM after 60 s, then SIGKILL), every process it left (Ray workers outlive their
-# driver; they are found by a variable in their environment, inherited from COMMAND) is killed, and COMMAND is started again once the machine has had no `.ci/run`
-# for a minute. COMMAND must therefore resume from its own committed work (mini_table2 does: finished runs are
-# skipped, a run resumes from its last committed iteration). A 2-core / 24 GiB machine cannot hold a benchmark
-# run (≈ 9 GB) beside the test suite's Slurm cluster (≈ 15 GB): Ray's memory monitor kills one of them.
+# stopped (SIGTERM, then SIGKILL after 30 s: a job started in the background ignores SIGINT), every process it
+# left is killed (Ray workers outlive their driver; they are found by a variable in their environment, inherited
+# from COMMAND), and COMMAND is started again once the machine has had no `.ci/run` for a minute. COMMAND must
+# therefore resume from its own committed work (mini_table2 does: finished runs are skipped, a run resumes from its
+# last committed iteration). A 2-core / 24 GiB machine cannot hold a benchmark run (≈ 9 GB) beside the test
+# suite's Slurm cluster (≈ 15 GB): Ray's memory monitor kills one of them.
+#
+# It also gives way while the file YIELD_HOLD (default /tmp/yield_to_ci.hold) exists: `touch` it before running
+# something heavy by hand, remove it afterwards.
 #
 # Plain bash rather than a Python supervisor: it has to outlive and kill Python process trees, and needs only ps.
+# It runs from a copy of itself, so that a `git pull` in the clone cannot change the script under a running bash.
 set -u
 [ $# -ge 1 ] || { echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; }
+if [ -z "${YIELD_TO_CI_COPY:-}" ]; then
+  copy=$(mktemp /tmp/yield_to_ci.XXXXXX.sh) && cp "$0" "$copy" || exit 2
+  YIELD_TO_CI_COPY=$copy exec bash "$copy" "$@"
+fi
+rm -f "$YIELD_TO_CI_COPY"  # (bash keeps reading the open file)
+HOLD=${YIELD_HOLD:-/tmp/yield_to_ci.hold}
 export YIELD_TO_CI_TOKEN="yield-$$-$(date +%s)"  # inherited by COMMAND and everything it starts
 POLL=${YIELD_POLL_S:-20}
 
-ci_running() {  # a `.ci/run` (bash .ci/run, or its make/pytest children named so) anywhere on the machine
-  pgrep -f '(^|/| )\.ci/run( |$)' > /dev/null
+ci_running() {  # a `.ci/run` anywhere on the machine, or the hold file
+  [ -e "$HOLD" ] || pgrep -f '(^|/| )\.ci/run( |$)' > /dev/null
 }
 
 kill_leftovers() {  # every process but this one whose environment carries the token
@@ -29,7 +40,17 @@ kill_leftovers() {  # every process but this one whose environment carries the t
 }
 
 stamp() { date -u +%FT%TZ; }
-trap 'echo "$(stamp) yield_to_ci: stopped"; [ -n "${child:-}" ] && kill -INT -- "-$child" 2> /dev/null; exit 130' INT TERM
+stop_child() {  # COMMAND's process group, then whatever it left
+  if [ -n "${child:-}" ]; then
+    kill -TERM -- "-$child" 2> /dev/null
+    for _ in $(seq 30); do kill -0 "$child" 2> /dev/null || break; sleep 1; done
+    kill -KILL -- "-$child" 2> /dev/null
+    wait "$child" 2> /dev/null
+  fi
+  child=
+  kill_leftovers
+}
+trap 'echo "$(stamp) yield_to_ci: stopped"; stop_child; exit 143' TERM INT
 
 while :; do
   quiet=0
@@ -42,12 +63,8 @@ while :; do
   child=$!
   while kill -0 "$child" 2> /dev/null; do
     if ci_running; then
-      echo "$(stamp) yield_to_ci: a .ci/run started: interrupting (the command resumes afterwards)"
-      kill -INT -- "-$child" 2> /dev/null
-      for _ in $(seq 60); do kill -0 "$child" 2> /dev/null || break; sleep 1; done
-      kill -TERM -- "-$child" 2> /dev/null; sleep 5; kill -KILL -- "-$child" 2> /dev/null
-      wait "$child" 2> /dev/null
-      kill_leftovers
+      echo "$(stamp) yield_to_ci: a .ci/run (or $HOLD) appeared: interrupting (the command resumes afterwards)"
+      stop_child
       continue 2
     fi
     sleep "$POLL"
