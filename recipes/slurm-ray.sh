@@ -59,10 +59,21 @@ ibrl_plan() {  # ibrl_plan NODES GPUS_PER_NODE [plan options]
     "$MARTI_IBRL" plan "${TRAIN_FLAGS[@]}" --nodes "$nodes" --gpus-per-node "$gpn" --gpu-memory "$GPU_MEMORY_GIB" "$@"
 }
 
+# ibrl_ray_alive: every `ray start` of this job (IBRL_RAY_PIDS, one srun each) still runs; else an error naming it.
+IBRL_RAY_PIDS=() IBRL_RAY_HOSTS=()
+ibrl_ray_alive() {
+    local i
+    for i in "${!IBRL_RAY_PIDS[@]}"; do
+        kill -0 "${IBRL_RAY_PIDS[$i]}" 2>/dev/null ||
+            ibrl_die "\`ray start\` on ${IBRL_RAY_HOSTS[$i]} exited before the cluster was up (its errors above)"
+    done
+}
+
 # ibrl_wait_for_gpus ADDRESS N: until the Ray cluster at ADDRESS has N GPUs, at most RAY_WAIT_TIMEOUT seconds.
 ibrl_wait_for_gpus() {
     local address=$1 want=$2 timeout=${RAY_WAIT_TIMEOUT:-600} have=0 start=$SECONDS
     while ((SECONDS - start < timeout)); do
+        ibrl_ray_alive
         have=$("$PYTHON" -c '
 import sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
@@ -91,8 +102,17 @@ ibrl_node_ip() {
 }
 
 # SIGTERM to the batch shell (preemption, or #SBATCH --signal=B:TERM@N before the time limit): requeue the job.
-# Nothing is lost but the iteration in progress: the requeued job resumes from the last commit.
+# Nothing is lost but the iteration in progress: the requeued job resumes from the last commit. `scancel JOB` sends
+# SIGTERM too, to a job that is no longer RUNNING (COMPLETING), as does Slurm's own preemption-requeue: neither is
+# requeued here.
 ibrl_on_sigterm() {
+    local state
+    state=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *JobState=\([A-Z_]*\).*/\1/p')
+    if [[ $state != RUNNING ]]; then
+        ibrl_log "SIGTERM: job $SLURM_JOB_ID is ${state:-gone} (cancelled, or requeued by Slurm), not requeued here;" \
+            "to resume by hand: RUN_DIR=$RUN_DIR sbatch $RECIPE --ckpt.load_enable true"
+        exit 143
+    fi
     ibrl_log "SIGTERM: requeueing job $SLURM_JOB_ID; it resumes from the last committed iteration in $RUN_DIR"
     scontrol requeue "$SLURM_JOB_ID" || ibrl_log "scontrol requeue failed (a job submitted with --no-requeue, or" \
         "one being requeued already); to resume by hand: RUN_DIR=$RUN_DIR sbatch $RECIPE --ckpt.load_enable true"
@@ -118,12 +138,16 @@ ibrl_run() {
     head=${hosts[0]}
     head_ip=$(ibrl_node_ip "$head")
     ibrl_log "Ray head on $head ($head_ip:$port), workers on: ${hosts[*]:1}"
-    srun --nodes=1 --ntasks=1 --overlap -w "$head" \
+    # (the dashboard serves `ray job submit`; its modules get 30 s to start by default, too few on a busy node)
+    RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT=${RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT:-180} \
+        srun --nodes=1 --ntasks=1 --overlap -w "$head" \
         "$RAY" start --head --block --node-ip-address="$head_ip" --node-name="$head" --port="$port" \
         --dashboard-host="$head_ip" --dashboard-port="$dashboard" --ray-client-server-port="$client" \
         --dashboard-agent-listen-port="$agent" --num-cpus="$cpus" --num-gpus="$gpn" &
+    IBRL_RAY_PIDS+=($!) IBRL_RAY_HOSTS+=("$head")
     local start=$SECONDS
     until "$RAY" status --address="$head_ip:$port" >/dev/null 2>&1; do
+        ibrl_ray_alive
         ((SECONDS - start < ${RAY_WAIT_TIMEOUT:-600})) || ibrl_die "the Ray head on $head did not start (output above)"
         sleep 2
     done
@@ -133,6 +157,7 @@ ibrl_run() {
             "$RAY" start --block --address="$head_ip:$port" --node-ip-address="$(ibrl_node_ip "$host")" \
             --node-name="$host" --dashboard-agent-listen-port="${RAY_WORKER_AGENT_PORT:-$agent}" \
             --num-cpus="$cpus" --num-gpus="$gpn" &
+        IBRL_RAY_PIDS+=($!) IBRL_RAY_HOSTS+=("$host")
     done
     ibrl_wait_for_gpus "$head_ip:$port" $((nodes * gpn))
 
