@@ -557,6 +557,11 @@ class IBRLTrainer:
         if state["seed"] != self.cfg.train.seed:
             raise ValueError(f"resume: the run was made with --train.seed {state['seed']}, not {self.cfg.train.seed}")
         self.start_iteration = state["iteration"] + 1
+        print(
+            f"--ckpt.load_enable: {self.run_dir} commits iteration {state['iteration']}; resuming at iteration "
+            f"{self.start_iteration} of {self.cfg.train.iterations}",
+            flush=True,
+        )
         self.updates = dict(state["updates"])
         self.sampler.load_state_dict(state["sampler"])
         self.history = state["history"]

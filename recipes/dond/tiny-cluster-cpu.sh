@@ -19,8 +19,8 @@
 #   DOND_MODEL=/path/to/tiny-model bash recipes/dond/tiny-cluster-cpu.sh --plan
 #
 # DOND_MODEL (required): a model with head_dim >= 32 (vLLM-CPU), e.g. the one `marti-ibrl demo --config
-# recipes/dond/tiny-cluster-cpu.yaml` builds and SFTs (OUT/sft), or tests/test_e2e_slurm.py's. Launcher variables:
-# recipes/slurm-ray.sh.
+# recipes/dond/tiny-cluster-cpu.yaml` builds and SFTs (OUT/sft), or the one tests/test_e2e_tiny_cluster.py builds.
+# Launcher variables: recipes/slurm-ray.sh.
 set -euo pipefail
 IBRL_NODES=2 IBRL_GPUS_PER_NODE=5  # = the #SBATCH header
 
