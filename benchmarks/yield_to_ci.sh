@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Run a long, resumable benchmark on a machine that CI (or a developer's `.ci/run`) also uses, and give way to it.
+# Run a long, resumable benchmark on a machine that CI (or a developer's tests) also uses, and give way to it.
 #
 #   setsid nohup benchmarks/yield_to_ci.sh .venv/bin/python benchmarks/mini_table2.py --out runs/mini_table2 \
 #       > runs/bench.log 2>&1 &
 #
-# While no `.ci/run` runs on the machine, COMMAND runs in its own process group. When one starts, COMMAND is
-# stopped (SIGTERM, then SIGKILL after 30 s: a job started in the background ignores SIGINT), every process it
-# left is killed (Ray workers outlive their driver; they are found by a variable in their environment, inherited
-# from COMMAND), and COMMAND is started again once the machine has had no `.ci/run` for a minute. COMMAND must
-# therefore resume from its own committed work (mini_table2 does: finished runs are skipped, a run resumes from its
-# last committed iteration). A 2-core / 24 GiB machine cannot hold a benchmark run (≈ 9 GB) beside the test
-# suite's Slurm cluster (≈ 15 GB): Ray's memory monitor kills one of them.
+# While no `.ci/run` or pytest runs on the machine, COMMAND runs in its own process group. When one starts,
+# COMMAND is stopped (SIGTERM, then SIGKILL after 30 s: a job started in the background ignores SIGINT), every
+# process it left is killed (Ray workers outlive their driver; they are found by a variable in their environment,
+# inherited from COMMAND), and COMMAND is started again once the machine has had neither for a minute. COMMAND
+# must therefore resume from its own committed work (mini_table2 does: finished runs are skipped, a run resumes
+# from its last committed iteration). A 2-core / 24 GiB machine cannot hold a benchmark run (≈ 9 GB) beside the
+# test suite's Slurm cluster (≈ 15 GB): Ray's memory monitor kills one of them.
 #
 # It also gives way while the file YIELD_HOLD (default /tmp/yield_to_ci.hold) exists: `touch` it before running
 # something heavy by hand, remove it afterwards.
@@ -28,8 +28,8 @@ HOLD=${YIELD_HOLD:-/tmp/yield_to_ci.hold}
 export YIELD_TO_CI_TOKEN="yield-$$-$(date +%s)"  # inherited by COMMAND and everything it starts
 POLL=${YIELD_POLL_S:-20}
 
-ci_running() {  # a `.ci/run` anywhere on the machine, or the hold file
-  [ -e "$HOLD" ] || pgrep -f '(^|/| )\.ci/run( |$)' > /dev/null
+ci_running() {  # a `.ci/run` or a pytest anywhere on the machine (CI's, or a developer's), or the hold file
+  [ -e "$HOLD" ] || pgrep -f '(^|/| )\.ci/run( |$)|(-m |/|^)pytest( |$)' > /dev/null
 }
 
 kill_leftovers() {  # every process but this one whose environment carries the token
