@@ -3,6 +3,7 @@ what ran there, and the watch interrupting a driver blocked in a call that would
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -42,22 +43,31 @@ def test_the_message_names_the_node_what_ran_there_and_how_to_resume() -> None:
     assert "nothing was committed yet in /runs/x" in first
 
 
-def test_the_watch_interrupts_a_blocked_driver_when_a_node_dies(monkeypatch) -> None:
+@pytest.mark.parametrize("sigint", ["python", "ignored"])
+def test_the_watch_interrupts_a_blocked_driver_when_a_node_dies(monkeypatch, sigint) -> None:
+    """Also where SIGINT was ignored at start (a driver started in the background, as under srun / ray job submit):
+    Python's interrupt of the main thread is then a no-op unless the watch installs Python's handler."""
     import ray
 
     alive = {"aaaa1111bbbb2222", "cccc3333dddd4444"}
     monkeypatch.setattr(ray, "nodes", lambda: _ray_nodes(*alive))
-    watch = NodeWatch(STARTED, period=0.05)
-    try:  # (stopped in any case: a watch left running would end this process after its grace period)
-        threading.Timer(0.3, lambda: alive.discard("cccc3333dddd4444")).start()
-        start = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            while time.monotonic() - start < 30:  # a ray.get that never returns
-                time.sleep(0.01)
-        assert time.monotonic() - start < 25
-        assert [n["name"] for n in watch.lost] == ["n2"]
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler)
+    try:
+        watch = NodeWatch(STARTED, period=0.05)
+        try:  # (stopped in any case: a watch left running would end this process after its grace period)
+            threading.Timer(0.3, lambda: alive.discard("cccc3333dddd4444")).start()
+            start = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                while time.monotonic() - start < 30:  # a ray.get that never returns
+                    time.sleep(0.01)
+            assert time.monotonic() - start < 25
+            assert [n["name"] for n in watch.lost] == ["n2"]
+        finally:
+            watch.stop()
+        expected = signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is expected  # the disposition the run started with, restored
     finally:
-        watch.stop()
+        signal.signal(signal.SIGINT, before)
 
 
 def test_a_ray_error_waits_for_the_health_check_to_declare_the_node_dead(monkeypatch) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import _thread
 import os
+import signal
 import sys
 import threading
 import time
@@ -70,6 +71,20 @@ def loss_message(
     )
 
 
+def _python_handles_sigint():
+    """Make ``_thread.interrupt_main()`` work: it raises KeyboardInterrupt only where Python handles SIGINT, and a
+    process started in the background by a script (``cmd &``: srun, ``ray start``, ``ray job submit`` in
+    recipes/slurm-ray.sh) inherits SIGINT ignored. Installs Python's handler when SIGINT is ignored or default;
+    returns the disposition to restore (None: nothing changed, or not the main thread, where it cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous not in (signal.SIG_IGN, signal.SIG_DFL):
+        return None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return previous
+
+
 class NodeWatch:
     """Polls ``ray.nodes()`` every ``period`` seconds; when a started node is lost, records it and interrupts the
     main thread (a ``KeyboardInterrupt`` there, which the trainer turns into :class:`NodeLostError`). If the main
@@ -91,7 +106,9 @@ class NodeWatch:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
+        self._sigint = None
         if len(self.started) > 1:
+            self._sigint = _python_handles_sigint()
             self._thread = threading.Thread(target=self._run, name="ibrl-node-watch", daemon=True)
             self._thread.start()
 
@@ -138,3 +155,6 @@ class NodeWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._sigint)
+            self._sigint = None
