@@ -1,10 +1,12 @@
-"""recipes/slurm-ray.sh's SIGTERM handling on the local Slurm: a preemption or time-limit SIGTERM requeues the job,
-a user's ``scancel`` cancels it (its SIGTERM reaches a job that is no longer RUNNING).
+"""recipes/slurm-ray.sh on the local Slurm, in seconds rather than training runs: a preemption or time-limit SIGTERM
+requeues the job, a user's ``scancel`` cancels it (its SIGTERM reaches a job that is no longer RUNNING), and a
+``ray start`` that fails ends the job at once, naming the node, instead of waiting out RAY_WAIT_TIMEOUT.
 
-The batch script is the launcher's own trap (``ibrl_on_sigterm``) around a sleep: seconds, not a training run."""
+The signal tests' batch script is the launcher's own trap (``ibrl_on_sigterm``) around a sleep."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,20 @@ def test_scancel_cancels(local_slurm, job_script):
     text = until("the trap's line", lambda: "not requeued here" in (t := local_slurm.log("signals-cancel")) and t, 30)
     assert f"SIGTERM: job {job} is COMPLETING" in text
     assert "requeueing" not in text
+
+
+def test_a_ray_start_that_fails_ends_the_job_at_once_naming_the_node(local_slurm, tmp_path):
+    from marti_ibrl.tiny import build_tiny_dond_model
+
+    model = build_tiny_dond_model(tmp_path / "tiny")
+    with socket.socket() as taken:  # the head's GCS port, already in use on n1's address
+        taken.bind(("127.0.0.2", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        recipe = ROOT / "recipes" / "dond" / "tiny-cluster-cpu.sh"
+        env = dict(DOND_MODEL=model, RUN_DIR=str(tmp_path / "run"), RAY_PORT=port, RAY_WAIT_TIMEOUT="600")
+        job = local_slurm.submit("launcher-ray-fails", recipe, "--rollout.engine", "hf", **env)
+        assert local_slurm.final_state(job, timeout=120) == "FAILED"  # well before RAY_WAIT_TIMEOUT
+    text = local_slurm.log("launcher-ray-fails")
+    assert "error: `ray start` on n1 exited before the cluster was up (its errors above)" in text, text[-3000:]
+    assert "submitting: marti-ibrl train" not in text
