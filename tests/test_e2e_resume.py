@@ -109,9 +109,14 @@ def _killed_locally(model: str, tmp: Path, run_dir: Path) -> dict:
     return {}
 
 
-def _preempted_and_lost_on_slurm(slurm, model: str, run_dir: Path) -> dict:
+def _submit(slurm, name: str, model: str, run_dir: Path, *extra: str) -> str:
+    """sbatch the recipe with the runs' flags (the model and run directory as the recipe takes them)."""
     env = dict(DOND_MODEL=model, RUN_DIR=str(run_dir), PYTHONPATH=_python_path())
-    job = slurm.submit("resume-b", RECIPE, *_flags(), **env)
+    return slurm.submit(name, RECIPE, *_flags(), *extra, **env)
+
+
+def _preempted_and_lost_on_slurm(slurm, model: str, run_dir: Path) -> dict:
+    job = _submit(slurm, "resume-b", model, run_dir)
     until("B's first commit", lambda: committed(run_dir) >= 1, every=0.2)
     slurm.run("scancel", "--signal=TERM", "--batch", job)  # preemption: SIGTERM to the batch shell
     until("B requeued", lambda: slurm.job(job).get("Restarts", "0") != "0")
@@ -150,8 +155,7 @@ def runs(tmp_path_factory, local_slurm):
         _finish(_start(model, resumed, tmp / "resume.log", "--ckpt.load_enable", "true"), tmp / "resume.log")
         log = (tmp / "resume.log").read_text()
     else:
-        env = dict(DOND_MODEL=model, RUN_DIR=str(resumed), PYTHONPATH=_python_path())
-        job = local_slurm.submit("resume-c", RECIPE, *_flags(), "--ckpt.load_enable", "true", **env)
+        job = _submit(local_slurm, "resume-c", model, resumed, "--ckpt.load_enable", "true")
         faults["resubmitted"] = local_slurm.final_state(job)  # re-submitted by hand, same RUN_DIR
         log = local_slurm.log("resume-c")
     return SimpleNamespace(
