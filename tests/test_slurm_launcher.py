@@ -6,7 +6,6 @@ The signal tests' batch script is the launcher's own trap (``ibrl_on_sigterm``) 
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -61,14 +60,11 @@ def test_a_ray_start_that_fails_ends_the_job_at_once_naming_the_node(local_slurm
     from marti_ibrl.tiny import build_tiny_dond_model
 
     model = build_tiny_dond_model(tmp_path / "tiny")
-    with socket.socket() as taken:  # the head's GCS port, already in use on n1's address
-        taken.bind(("127.0.0.2", 0))
-        taken.listen()
-        port = str(taken.getsockname()[1])
-        recipe = ROOT / "recipes" / "dond" / "tiny-cluster-cpu.sh"
-        env = dict(DOND_MODEL=model, RUN_DIR=str(tmp_path / "run"), RAY_PORT=port, RAY_WAIT_TIMEOUT="600")
-        job = local_slurm.submit("launcher-ray-fails", recipe, "--rollout.engine", "hf", **env)
-        assert local_slurm.final_state(job, timeout=120) == "FAILED"  # well before RAY_WAIT_TIMEOUT
+    recipe = ROOT / "recipes" / "dond" / "tiny-cluster-cpu.sh"
+    # a head that cannot start: Ray refuses the port at once (a port in use fails the same way after Ray's ~60 s)
+    env = dict(DOND_MODEL=model, RUN_DIR=str(tmp_path / "run"), RAY_PORT="no-such-port", RAY_WAIT_TIMEOUT="600")
+    job = local_slurm.submit("launcher-ray-fails", recipe, "--rollout.engine", "hf", **env)
+    assert local_slurm.final_state(job, timeout=120) == "FAILED"  # well before RAY_WAIT_TIMEOUT
     text = local_slurm.log("launcher-ray-fails")
     assert "error: `ray start` on n1 exited before the cluster was up (its errors above)" in text, text[-3000:]
     assert "submitting: marti-ibrl train" not in text
