@@ -35,6 +35,7 @@ import pytest
 import torch
 from slurm_cluster import N2_ADDRESS, committed, needs_slurm, until
 from test_e2e_ibrl import _weights
+from test_e2e_tiny_cluster import _sync
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -225,11 +226,8 @@ def test_resumed_weights_match(runs):
 
 def test_resumed_engines_hold_the_resumed_weights(runs):
     """After the resume's start-up and every replayed iteration each engine holds its actor's weights, and those are
-    the straight run's (``--train.check_sync``'s digests; a resumed run appends, so an iteration's last line wins)."""
-    straight, resumed = (
-        {(r["iteration"], r["role"]): r for r in map(json.loads, (run / "sync_checks.jsonl").read_text().splitlines())}
-        for run in (runs.straight, runs.resumed)
-    )
+    the straight run's (``--train.check_sync``'s digests)."""
+    straight, resumed = _sync(runs.straight), _sync(runs.resumed)
     assert straight.keys() == resumed.keys() == {(k, r) for k in range(ITERATIONS + 1) for r in ("agent1", "agent2")}
     for key, rec in resumed.items():
         assert set(rec["engines"]) == {rec["actor"]} == {straight[key]["actor"]}, key
