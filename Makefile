@@ -53,8 +53,11 @@ test-openrlhf: install
 	cd /tmp && $(abspath $(PY)) -m pytest -q -p no:cacheprovider \
 		$$($(abspath $(PY)) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tests
 
+# Two workers (pytest-xdist), one test module at a time each; tests/conftest.py orders and groups the modules
+# (the Slurm ones together, one Slurm per session). TEST_WORKERS=0 runs them in this process, one after another.
+TEST_WORKERS ?= 2
 test: install lint test-openrlhf slurm-if-root
-	$(PY) -m pytest -q --durations=30 tests
+	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
 demo: install
 	bash recipes/dond/tiny-cpu.sh

@@ -68,7 +68,8 @@ write_config() {
     done
     # No cgroups here (proctrack/linuxproc): a job's processes that were re-parented to init (vLLM's engine cores
     # when their actor died, Ray's daemons) would outlive it. As a cgroup would, the epilog kills whatever still
-    # carries the job's id in its environment, on every node at the job's end (a requeue included).
+    # carries the job's id in its environment, on every node at the job's end (a requeue included). The two nodes'
+    # epilogs run at once on this one machine: each spares the other (Slurm marks them SLURM_SCRIPT_CONTEXT).
     cat >"$DIR/epilog.sh" <<'EPILOG'
 #!/bin/bash
 [[ -n ${SLURM_JOB_ID:-} ]] || exit 0
@@ -76,9 +77,11 @@ for environ in /proc/[0-9]*/environ; do
     pid=${environ#/proc/}
     pid=${pid%/environ}
     [[ $pid == "$$" ]] && continue
-    if { tr '\0' '\n' <"$environ"; } 2>/dev/null | grep -qx "SLURM_JOB_ID=$SLURM_JOB_ID"; then
-        kill -9 "$pid" 2>/dev/null
-    fi
+    env=$'\n'$(tr '\0' '\n' <"$environ" 2>/dev/null)$'\n' || continue
+    [[ $env == *$'\n'"SLURM_JOB_ID=$SLURM_JOB_ID"$'\n'* ]] || continue
+    # not the other node's epilog (both slurmds run on this machine, one epilog each) nor its children
+    [[ $env == *$'\n'SLURM_SCRIPT_CONTEXT=* ]] && continue
+    kill -9 "$pid" 2>/dev/null
 done
 exit 0
 EPILOG

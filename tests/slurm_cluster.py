@@ -120,6 +120,18 @@ class LocalSlurm:
         out = subprocess.run(["scontrol", "show", "job", job], env=self.env, capture_output=True, text=True).stdout
         return dict(re.findall(r"(\w+)=(\S*)", out))
 
+    def until_job(self, job: str, what: str, check, every: float = 2.0):
+        """``until`` for a step of a running job: gives up at once, with the job's log, if the job ends first."""
+
+        def poll():
+            got = check()
+            if not got and (state := self.job(job).get("JobState")) in ENDED:
+                log = next((p.read_text() for p in self.logs.values() if p.name.endswith(f"-{job}.out")), "")
+                raise AssertionError(f"job {job} ended {state} before {what}; its log ends:\n{log[-3000:]}")
+            return got
+
+        return until(what, poll, every=every)
+
     def final_state(self, job: str, timeout: float = WAIT) -> str:
         return until(f"job {job} to end", lambda: (s := self.job(job).get("JobState")) in ENDED and s, timeout)
 

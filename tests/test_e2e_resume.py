@@ -118,14 +118,14 @@ def _submit(slurm, name: str, model: str, run_dir: Path, *extra: str) -> str:
 
 def _preempted_and_lost_on_slurm(slurm, model: str, run_dir: Path) -> dict:
     job = _submit(slurm, "resume-b", model, run_dir)
-    until("B's first commit", lambda: committed(run_dir) >= 1, every=0.2)
+    slurm.until_job(job, "B's first commit", lambda: committed(run_dir) >= 1, every=0.2)
     slurm.run("scancel", "--signal=TERM", "--batch", job)  # preemption: SIGTERM to the batch shell
     until("B requeued", lambda: slurm.job(job).get("Restarts", "0") != "0")
     until("B pending", lambda: slurm.job(job).get("JobState") == "PENDING")
     at_sigterm = committed(run_dir)
     # (Slurm holds a requeued job for ~2 minutes before it is eligible again; the test does not wait)
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-    until("the requeued B's own commit", lambda: committed(run_dir) > at_sigterm, every=0.2)
+    slurm.until_job(job, "the requeued B's own commit", lambda: committed(run_dir) > at_sigterm, every=0.2)
     # a lost node: n2's raylet killed (its workers, engines and ranks go with it)
     subprocess.run(["pkill", "-9", "-f", f"raylet/raylet .*--node_ip_address={N2_ADDRESS}"], check=False)
     return dict(

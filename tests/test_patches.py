@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import re
+import struct
 import sys
 import zipfile
 from pathlib import Path
@@ -52,6 +54,16 @@ def _snapshot(root: Path) -> dict[str, str]:
     }
 
 
+def _bytecode_is_current(source: Path) -> bool:
+    """Python's own test for a timestamp-validated .pyc: the source's mtime and size in the header."""
+    pyc = Path(importlib.util.cache_from_source(str(source)))
+    if not pyc.exists():
+        return False
+    header, st = pyc.read_bytes()[:16], source.stat()
+    flags, mtime, size = struct.unpack("<III", header[4:16])
+    return header[:4] == importlib.util.MAGIC_NUMBER and flags == 0 and (mtime, size) == (int(st.st_mtime), st.st_size)
+
+
 def _touched() -> list[str]:
     return sorted(patching._touched_files(patching.patch_files()))
 
@@ -78,6 +90,8 @@ def test_apply_is_idempotent_and_revert_restores_pristine(root: Path, capsys: py
         assert (root / rel).read_bytes() == (installed / rel).read_bytes(), rel
     patched = _snapshot(root)
     assert {rel for rel in pristine if patched[rel] != pristine[rel]} == set(touched)
+    for rel in touched:  # their bytecode is current: no process recompiles them at import
+        assert _bytecode_is_current(root / rel), rel
 
     assert patching.apply(root) == []  # idempotent: nothing left to do, nothing changed
     assert _snapshot(root) == patched
@@ -164,6 +178,9 @@ def test_installed_root_checks_the_version(monkeypatch: pytest.MonkeyPatch) -> N
 def test_installed_package_is_fully_patched(series: patching.Series) -> None:
     states = {s.name: s.state for s in patching.status(patching.installed_root(series), series.patch_dir)}
     assert states and set(states.values()) == {"applied"}, states
+    root = patching.installed_root(series)
+    for rel in patching._touched_files(patching.patch_files(series.patch_dir)):
+        assert _bytecode_is_current(root / rel), rel
 
 
 def test_deepspeed_series_reverts_and_applies_on_a_copy(tmp_path: Path) -> None:
