@@ -70,21 +70,40 @@ ibrl_ray_alive() {
 }
 
 # ibrl_wait_for_gpus ADDRESS N: until the Ray cluster at ADDRESS has N GPUs, at most RAY_WAIT_TIMEOUT seconds.
+# One Python process connects and polls (a process per poll would import Ray each time, on the cores the nodes
+# are starting with); the shell checks meanwhile that every `ray start` is still alive.
 ibrl_wait_for_gpus() {
-    local address=$1 want=$2 timeout=${RAY_WAIT_TIMEOUT:-600} have=0 start=$SECONDS
-    while ((SECONDS - start < timeout)); do
+    local address=$1 want=$2 timeout=${RAY_WAIT_TIMEOUT:-600} out poller have
+    out=$(mktemp)
+    "$PYTHON" - "$address" "$want" "$timeout" >"$out" 2>/dev/null <<'PY' &
+import sys, time, ray
+address, want, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+start, have = time.monotonic(), 0
+while time.monotonic() - start < timeout:
+    try:
+        if not ray.is_initialized():
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        have = int(ray.cluster_resources().get("GPU", 0))
+    except Exception:  # the head's raylet is not up yet
+        ray.shutdown()
+    print(have, flush=True)
+    if have >= want:
+        break
+    time.sleep(1)
+PY
+    poller=$!
+    while kill -0 "$poller" 2>/dev/null; do
         ibrl_ray_alive
-        have=$("$PYTHON" -c '
-import sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-print(int(ray.cluster_resources().get("GPU", 0)))' "$address" 2>/dev/null | tail -n 1) || have=0
-        have=${have:-0}
-        if ((have >= want)); then
-            ibrl_log "Ray cluster at $address has $have GPUs"
-            return 0
-        fi
-        sleep 3
+        sleep 1
     done
+    wait "$poller" || true
+    have=$(tail -n 1 "$out")
+    rm -f "$out"
+    have=${have:-0}
+    if ((have >= want)); then
+        ibrl_log "Ray cluster at $address has $have GPUs"
+        return 0
+    fi
     ibrl_die "the Ray cluster at $address has $have of the $want GPUs after ${timeout}s (RAY_WAIT_TIMEOUT): a worker" \
         "node did not join; see this job's output for the \`ray start\` errors of the nodes"
 }
@@ -145,11 +164,14 @@ ibrl_run() {
         --dashboard-host="$head_ip" --dashboard-port="$dashboard" --ray-client-server-port="$client" \
         --dashboard-agent-listen-port="$agent" --num-cpus="$cpus" --num-gpus="$gpn" &
     IBRL_RAY_PIDS+=($!) IBRL_RAY_HOSTS+=("$head")
+    # the head is up when its dashboard listens (its raylet starts next). Polled with bash's /dev/tcp: a `ray
+    # status` per poll would import Ray each time, on the cores the head is starting with (its Ray client server
+    # gives the head's raylet 30 s)
     local start=$SECONDS
-    until "$RAY" status --address="$head_ip:$port" >/dev/null 2>&1; do
+    until { : >"/dev/tcp/$head_ip/$dashboard"; } 2>/dev/null; do
         ibrl_ray_alive
         ((SECONDS - start < ${RAY_WAIT_TIMEOUT:-600})) || ibrl_die "the Ray head on $head did not start (output above)"
-        sleep 2
+        sleep 1
     done
     local host
     for host in "${hosts[@]:1}"; do

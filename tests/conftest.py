@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from slurm_cluster import SLURM_REASON, LocalSlurm
 
@@ -22,7 +20,6 @@ def local_slurm(tmp_path_factory):
 
 
 SLURM_UNIT = "local_slurm"
-NICE = 10  # the niceness of a worker's other units while the Slurm unit runs (pytest -n)
 
 
 def _unit(item) -> str:
@@ -42,13 +39,3 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: collection order within each rank
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_unit(item)))
-
-
-@pytest.hookimpl(tryfirst=True)  # before the test's fixtures start anything
-def pytest_runtest_setup(item):
-    """With ``pytest -n``, a worker runs every unit but the Slurm one at nice 10 (and what it starts inherits it):
-    the two cores go first to the Slurm job, whose Ray start-up has 30 s deadlines (a starved raylet failed
-    ``ray start`` on the head), and the other worker's tests take the cycles it leaves."""
-    stays = not os.environ.get("PYTEST_XDIST_WORKER") or SLURM_REASON is not None or _unit(item) == SLURM_UNIT
-    if not stays and (now := os.nice(0)) < NICE:
-        os.nice(NICE - now)
