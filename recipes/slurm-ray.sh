@@ -73,7 +73,7 @@ ibrl_ray_alive() {
 # One Python process connects and polls (a process per poll would import Ray each time, on the cores the nodes
 # are starting with); the shell checks meanwhile that every `ray start` is still alive.
 ibrl_wait_for_gpus() {
-    local address=$1 want=$2 timeout=${RAY_WAIT_TIMEOUT:-600} out poller have
+    local address=$1 want=$2 timeout=${RAY_WAIT_TIMEOUT:-600} out poller have start=$SECONDS
     out=$(mktemp)
     "$PYTHON" - "$address" "$want" "$timeout" >"$out" 2>/dev/null <<'PY' &
 import sys, time, ray
@@ -94,9 +94,11 @@ PY
     poller=$!
     while kill -0 "$poller" 2>/dev/null; do
         ibrl_ray_alive
+        ((SECONDS - start < timeout + 60)) || kill "$poller"  # (stuck in ray.init)
         sleep 1
     done
     wait "$poller" || true
+    ibrl_ray_alive  # a `ray start` that exited names itself, not the GPU count
     have=$(tail -n 1 "$out")
     rm -f "$out"
     have=${have:-0}
@@ -104,7 +106,8 @@ PY
         ibrl_log "Ray cluster at $address has $have GPUs"
         return 0
     fi
-    ibrl_die "the Ray cluster at $address has $have of the $want GPUs after ${timeout}s (RAY_WAIT_TIMEOUT): a worker" \
+    ibrl_die "the Ray cluster at $address has $have of the $want GPUs after $((SECONDS - start))s" \
+        "(RAY_WAIT_TIMEOUT=$timeout): a worker" \
         "node did not join; see this job's output for the \`ray start\` errors of the nodes"
 }
 
