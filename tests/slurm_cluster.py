@@ -133,9 +133,14 @@ class LocalSlurm:
     def until_job(self, job: str, what: str, check, every: float = 2.0):
         """``until`` for a step of a running job: gives up at once, with the job's log, if the job ends first."""
 
+        asked = [0.0]  # when scontrol was last asked (every 2 s at most, however often ``check`` runs)
+
         def poll():
             got = check()
-            if not got and (state := self.job(job).get("JobState")) in ENDED:
+            if got or time.monotonic() - asked[0] < 2.0:
+                return got
+            asked[0] = time.monotonic()
+            if (state := self.job(job).get("JobState")) in ENDED:
                 log = next((p.read_text() for p in self.logs.values() if p.name.endswith(f"-{job}.out")), "")
                 raise AssertionError(f"job {job} ended {state} before {what}; its log ends:\n{log[-3000:]}")
             return got
