@@ -35,7 +35,7 @@ setup(
     ],
     extras_require={
         "gpu": ["vllm==0.29.0", "flash-attn==2.8.3"],
-        # pytest-xdist: `make test` runs two workers. pytest 9.2 breaks xdist's --dist loadgroup (the groups are
+        # pytest-xdist: `TEST_WORKERS=2 make test` runs two workers. pytest 9.2 breaks xdist's --dist loadgroup (the groups are
         # silently dropped: pytest-dev/pytest-xdist#1386), so below 9.2 until xdist's fix is released
         "dev": ["pytest>=8,<9.2", "pytest-timeout", "pytest-xdist==3.8.0", "ruff==0.17.*"],
     },
