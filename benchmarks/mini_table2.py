@@ -2,28 +2,40 @@
 
 Every arm runs through the real pipeline (``marti-ibrl train``: Ray + DeepSpeed + the HF rollout engines) from one
 SFT initialisation, with the same budget (iterations × scenarios × G); the frozen final policies are evaluated with
-``marti-ibrl eval`` (seat-averaged, held-out scenarios). Stages, each resumable (finished work is skipped); stages 2
-and 3 go seed by seed, so an interrupted run has whole seeds trained and evaluated:
+``marti-ibrl eval`` (seat-averaged, held-out scenarios). The work is split into units, each skipped once finished;
+they go seed by seed and, within a seed, arm by arm (train, then evaluate), so an interruption costs at most the
+unit it stopped (a training run resumes from its last committed iteration, an evaluation from its episodes):
 
-1. **SFT init** (``OUT/sft``): a tiny Qwen-architecture model, trained with OpenRLHF's SFT trainer on dialogues
+1. **SFT init** (``--sft-dir``): a tiny Qwen-architecture model, trained with OpenRLHF's SFT trainer on dialogues
    between the *training* scripted bots (``marti_ibrl.sft``), bots speaking markers only (``env.bot_speech``), offers
    shown with the units they leave the listener (``env.show_complement``). A stale init (other env settings or data
    size) is refused.
-2. **Arms × seeds** (``OUT/runs/ARM/seedS``), recipe ``recipes/dond/mini-table2.yaml``:
+2. **Training run** per arm × seed (``OUT/runs/ARM/seedS``), recipe ``recipes/dond/mini-table2.yaml``:
    ``ibrl`` (opponent pool, staggered updates), ``uni_sft`` (vs the frozen SFT policy), ``uni_bot`` (vs one
    frozen training bot), ``uni_pool`` (vs a frozen pool of the training bots, §5.4), and the ablations
    ``shared_reward``, ``joint_norm``, ``no_stabilization``.
-3. **Evaluation** (``OUT/eval/seedS``, ``OUT/eval/seedS-cross``): each arm's agent1 policy against its training
-   counterpart(s) (in-system), itself (self-play), the held-out bots (``envs/dond/heldout.py``) and, on fewer
-   scenarios, every other arm's policy of the same seed (cross-play). The SFT init is evaluated as a reference row.
+3. **Evaluation** per arm × seed, right after its training (``OUT/eval/seedS/ARM``): the arm's agent1 policy against
+   its training counterpart(s) (in-system), itself (self-play) and the held-out bots (``envs/dond/heldout.py``); per
+   seed, the SFT init as a reference row (``OUT/eval/seedS/sft``) and, on fewer scenarios, every arm's policy against
+   every other of the same seed (cross-play, ``OUT/eval/seedS/cross``).
 4. **Report** (``--results``, default ``benchmarks/results/mini_table2.md``): Table-2-style cells (agreement / own
    utility / joint value) per counterpart, mean ± sd over seeds; Δmismatch per arm; the cross-play matrix; the
    **primary** test at the level of training runs (one value per arm × seed: Welch's t-test against IB-RL's runs,
    Δ with 95% CI, Holm; held-out and self-play agreement and expected utility); the **secondary** logistic GEE of
    held-out agreement clustered by scenario with seed fixed effects, Holm-adjusted; the issue's goals, judged on
    the primary test; a figure of held-out agreement per run and the reward curves; the rollout engine; the exact
-   command, this invocation's wall time and the whole run's compute time (``OUT/stage_times.json``: every finished
-   run's and evaluation's seconds).
+   command, this invocation's wall time and the whole run's compute time (the ledger, below).
+
+**What is kept** (``--keep``, default ``benchmarks/results/mini_table2_runs`` for the full run, ``OUT/keep`` for
+``--quick``). The full run takes ≈ 14 h of compute on 2 cores and spans sessions, and a session's machine may be a
+new one, with ``OUT`` gone. So every finished unit leaves a small record that is committed with the repository and
+is all the report reads: the SFT init itself (≈ 4 MB: retraining it costs 47 min, and every arm and seed must share
+it), ``times.json`` (the ledger of seconds per unit), ``runs/ARM/seedS.json`` (the reward curves and rollout engine
+of a training run) and ``eval/seedS/NAME.json.gz`` (an evaluation's episodes without their transcripts, ≈ 100 KB).
+Trained checkpoints are not kept (≈ 7 MB a run): an evaluated run is never trained again, and a seed's cross-play,
+which needs every arm's checkpoint of that seed at once, is played only where they are all on this machine; a seed
+whose arms were trained on different machines has no cross-play, and the report says which seeds have it. To carry
+the record over, copy ``KEEP`` from the benchmark's clone into the main checkout and commit it.
 
 Seeds: the four main arms train on ``seeds`` (5), the three ablations on ``ablation_seeds`` (3); each seed's
 evaluation (and cross-play) covers the arms trained on it.
@@ -35,10 +47,12 @@ evaluation (and cross-play) covers the arms trained on it.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,7 +68,8 @@ from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS as _HELDOUT_BOT_REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "dond" / "mini-table2.yaml"
-TIMES = "stage_times.json"  # OUT/stage_times.json: seconds of every finished training run and evaluation
+KEEP = ROOT / "benchmarks" / "results" / "mini_table2_runs"  # what the full run keeps in the repository: see below
+TIMES = "times.json"  # KEEP/times.json: seconds of every finished unit (SFT, training run, evaluation)
 TRAINING_BOTS = tuple(sorted(_TRAINING_BOT_REGISTRY))  # conceder, fair, greedy, stubborn
 HELDOUT_BOTS = tuple(_HELDOUT_BOT_REGISTRY)  # hardliner, tit_for_tat, slow_conceder, fast_conceder
 UNILATERAL = ("uni_sft", "uni_bot", "uni_pool")
@@ -170,29 +185,40 @@ def _run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
-def record_time(out: Path, key: str, seconds: float) -> None:
-    """Add a finished run's seconds to ``OUT/stage_times.json``: the full run spans several invocations (sessions,
-    resumes), so its compute time is the sum of this ledger, not one invocation's wall time."""
-    path = out / TIMES
+def record_time(keep: Path, key: str, seconds: float) -> None:
+    """Add a finished unit's seconds to the ledger ``KEEP/times.json``: the full run spans several invocations
+    (sessions, machines), so its compute time is the sum of this ledger, not one invocation's wall time."""
+    path = keep / TIMES
     ledger = json.loads(path.read_text()) if path.exists() else {}
     ledger[key] = round(seconds, 1)
+    _write_atomic(path, json.dumps(ledger, indent=1, sort_keys=True) + "\n")
+
+
+def _write_atomic(path: Path, text: str | bytes) -> None:
+    """Write ``path`` whole or not at all (a kept record is read as proof that its unit finished)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(ledger, indent=1, sort_keys=True) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(text.encode() if isinstance(text, str) else text)
+    tmp.replace(path)
 
 
 # ------------------------------------------------------------------------------------------------------------ stages
 
 
-def stage_sft(sft_dir: Path, profile: Profile) -> dict:
-    """The SFT init in ``sft_dir`` (reused when present); returns its record (validity, time, settings)."""
+def stage_sft(sft_dir: Path, profile: Profile, keep: Path | None = None) -> dict:
+    """The SFT init in ``sft_dir``: reused when present, else copied from ``KEEP/sft`` when kept there, else trained
+    (and then kept). Returns its record (validity, time, settings)."""
     from marti_ibrl.envs.dond import DondEnv, generate_scenarios
     from marti_ibrl.sft import run_sft, sft_records, validity_report, write_sft_data
     from marti_ibrl.tiny import build_tiny_dond_model
 
-    record_path = sft_dir / "mini_table2_sft.json"
+    record_path = sft_dir / SFT_RECORD
     out = sft_dir.parent
     env_cfg = recipe_env()
     data_env = {k: env_cfg[k] for k in ("prompt_style", "max_rounds", "bot_speech", "show_complement")}
+    if not record_path.exists() and keep is not None and (keep / "sft" / SFT_RECORD).exists():
+        shutil.copytree(keep / "sft", sft_dir, dirs_exist_ok=True)
+        _log(f"SFT init copied from {keep / 'sft'}")
     if record_path.exists():
         record = json.loads(record_path.read_text())
         was = {"env": record.get("env"), "dialogues": record.get("dialogues"), "epochs": record.get("epochs")}
@@ -202,6 +228,8 @@ def stage_sft(sft_dir: Path, profile: Profile) -> dict:
                 f"{sft_dir} was trained with {was}, the benchmark now asks for {now}: pass a new --sft-dir "
                 "(or remove that one) to train a matching SFT init"
             )
+        if keep is not None and not (keep / "sft" / SFT_RECORD).exists():
+            keep_sft(sft_dir, keep)
         return record
     env = DondEnv(
         prompt_style=env_cfg["prompt_style"],
@@ -230,8 +258,27 @@ def stage_sft(sft_dir: Path, profile: Profile) -> dict:
         "validity": check,
     }
     record_path.write_text(json.dumps(record, indent=1))
+    if keep is not None:
+        record_time(keep, "sft", seconds)
     _log(f"SFT done in {seconds:.0f}s; protocol-valid self-play turns {check['protocol']:.1%}{_complement_text(check)}")
+    if keep is not None:
+        keep_sft(sft_dir, keep)
     return record
+
+
+SFT_RECORD = "mini_table2_sft.json"
+
+
+def keep_sft(sft_dir: Path, keep: Path) -> None:
+    """Copy the SFT init's files (not its subdirectories: optimizer or DeepSpeed state) into ``KEEP/sft``, the
+    record last, so a kept record means a whole model."""
+    dest = keep / "sft"
+    dest.mkdir(parents=True, exist_ok=True)
+    files = sorted(f for f in sft_dir.iterdir() if f.is_file() and f.name != SFT_RECORD)
+    for f in files:
+        shutil.copy2(f, dest / f.name)
+    shutil.copy2(sft_dir / SFT_RECORD, dest / SFT_RECORD)
+    _log(f"SFT init kept in {dest} ({sum(f.stat().st_size for f in files) / 1e6:.1f} MB)")
 
 
 def _complement_text(validity: dict) -> str:
@@ -253,6 +300,7 @@ def train_command(arm: Arm, seed: int, run: Path, sft: str, iterations: int) -> 
 
 
 def finished(run: Path, iterations: int) -> bool:
+    """Whether the training run in ``run`` reached ``iterations`` and saved its final agent1 policy."""
     state = run / "trainer_state.json"
     return (
         state.exists()
@@ -261,73 +309,142 @@ def finished(run: Path, iterations: int) -> bool:
     )
 
 
-def stage_train(out: Path, profile: Profile, table: dict[str, Arm], sft: str) -> None:
-    """Train every (arm, seed) not yet finished, recording each run's seconds."""
-    todo = [(a, s) for s in profile.seeds for a in arms_of(profile, s)]
-    for name, seed in tqdm(todo, desc="training arms", unit="run"):
-        run = out / "runs" / name / f"seed{seed}"
-        if finished(run, profile.iterations):
-            continue
-        cmd = train_command(table[name], seed, run, sft, profile.iterations)
-        seconds = _run(cmd, out / "logs" / f"train_{name}_seed{seed}.log")
-        record_time(out, f"train {name}/seed{seed}", seconds)
-        _log(f"trained {name} seed {seed} in {seconds:.0f}s")
+def run_record(run: Path, seconds: float) -> dict:
+    """What is kept of a finished training run: its reward curves and the rollout engine of each trained role."""
+    from marti_ibrl.eval.diagnostics import load_history
+
+    history = load_history(run)
+    rewards = sorted({k for m in history for k in m if k.endswith("/reward")})
+    topo = run / "topology.json"
+    trained = json.loads(topo.read_text()).get("trained", {}) if topo.exists() else {}
+    return {
+        "iterations": len(history),
+        "seconds": round(seconds, 1),
+        "rewards": {k: [m.get(k) for m in history] for k in rewards},
+        "engines": {role: info.get("engine_kind") for role, info in trained.items()},
+    }
 
 
-def eval_commands(out: Path, profile: Profile, table: dict[str, Arm], sft: str, seed: int) -> list[list[str]]:
-    """The two ``marti-ibrl eval`` commands of one seed: main (in-system, self-play, held-out) and cross-play."""
+def train_unit(out: Path, keep: Path, arm: Arm, seed: int, sft: str, iterations: int) -> Path:
+    """Train (arm, seed) unless its run in ``OUT`` is finished; keep its record; returns the run directory."""
+    run = out / "runs" / arm.name / f"seed{seed}"
+    if not finished(run, iterations):
+        cmd = train_command(arm, seed, run, sft, iterations)
+        seconds = _run(cmd, out / "logs" / f"train_{arm.name}_seed{seed}.log")
+        record_time(keep, f"train {arm.name}/seed{seed}", seconds)
+        _write_atomic(keep / "runs" / arm.name / f"seed{seed}.json", json.dumps(run_record(run, seconds), indent=1))
+        _log(f"trained {arm.name} seed {seed} in {seconds:.0f}s")
+    return run
+
+
+def _eval_common(seed: int) -> list[str]:
     env = recipe_env()
     common = [sys.executable, "-m", "marti_ibrl.cli", "eval", "--seed", str(seed)]
     common += ["--prompt-style", env["prompt_style"], "--max-rounds", str(env["max_rounds"])]
     common += ["--bot-speech", env["bot_speech"], "--max-new-tokens", str(env["max_new_tokens"])]
     common += ["--max-len", str(env["max_len"]), "--num-engines", "2", "--batch", "1024"]  # one engine per core
-    common += ["--show-complement"] if env["show_complement"] else []
-    arms_here = arms_of(profile, seed)
-    policies = []
-    for name in arms_here:
-        policies += ["--policy", f"{name}={out / 'runs' / name / f'seed{seed}' / 'agent1' / 'hf'}"]
-    main = common + policies + ["--policy", f"sft={sft}", "--self-play", "-n", str(profile.eval_scenarios)]
-    for name in arms_here:
+    return common + (["--show-complement"] if env["show_complement"] else [])
+
+
+def _policy_path(out: Path, arm: str, seed: int) -> Path:
+    return out / "runs" / arm / f"seed{seed}" / "agent1" / "hf"
+
+
+def eval_command(out: Path, profile: Profile, table: dict[str, Arm], sft: str, seed: int, name: str) -> list[str]:
+    """The ``marti-ibrl eval`` of one policy of ``seed`` (an arm, or ``"sft"``): in-system (arms only), self-play
+    and the held-out bots, on ``eval_scenarios`` scenarios, into ``OUT/eval/seedS/NAME``."""
+    path = sft if name == "sft" else _policy_path(out, name, seed)
+    cmd = _eval_common(seed) + ["--policy", f"{name}={path}", "--self-play", "-n", str(profile.eval_scenarios)]
+    if name != "sft":
         run = out / "runs" / name / f"seed{seed}"
-        main += [x for spec in table[name].in_system for x in ("--in-system", f"{name}={spec.format(run=run)}")]
-    main += [x for b in HELDOUT_BOTS for x in ("--counterpart", f"heldout:{b}")]
-    main += ["--out", str(out / "eval" / f"seed{seed}")]
-    cross = common + policies + ["--cross-play", "-n", str(profile.cross_play_scenarios)]
-    cross += ["--out", str(out / "eval" / f"seed{seed}-cross")]
-    return [main, cross] if len(arms_here) > 1 else [main]
+        cmd += [x for spec in table[name].in_system for x in ("--in-system", f"{name}={spec.format(run=run)}")]
+    cmd += [x for b in HELDOUT_BOTS for x in ("--counterpart", f"heldout:{b}")]
+    return cmd + ["--out", str(out / "eval" / f"seed{seed}" / name)]
 
 
-def stage_eval(out: Path, profile: Profile, table: dict[str, Arm], sft: str) -> None:
-    """Evaluate every seed, recording each command's seconds. A command that finished before with the same
-    arguments (its ``command.txt`` beside ``pairs.json``) is not run again; an interrupted one resumes
-    (``marti-ibrl eval`` keeps the episodes on disk)."""
-    for seed in tqdm(profile.seeds, desc="evaluating seeds", unit="seed"):
-        for cmd in eval_commands(out, profile, table, sft, seed):
-            done = Path(cmd[cmd.index("--out") + 1])
-            if (done / "pairs.json").exists() and _read(done / "command.txt") == shlex.join(cmd[1:]):
-                continue
-            seconds = _run(cmd, out / "logs" / f"eval_{done.name}.log")
-            (done / "command.txt").write_text(shlex.join(cmd[1:]))  # without the interpreter's path
-            record_time(out, f"eval {done.name}", seconds)
-            _log(f"evaluated {done.name} in {seconds:.0f}s")
+def cross_command(out: Path, profile: Profile, seed: int) -> list[str]:
+    """The cross-play ``marti-ibrl eval`` of ``seed``: every arm's policy against every other (each pair played
+    once, mirrored for the other seat), on ``cross_play_scenarios`` scenarios, into ``OUT/eval/seedS/cross``."""
+    cmd = _eval_common(seed)
+    for name in arms_of(profile, seed):
+        cmd += ["--policy", f"{name}={_policy_path(out, name, seed)}"]
+    cmd += ["--cross-play", "-n", str(profile.cross_play_scenarios)]
+    return cmd + ["--out", str(out / "eval" / f"seed{seed}" / "cross")]
 
 
-def _read(path: Path) -> str | None:
-    return path.read_text() if path.exists() else None
+def _portable(cmd: list[str], out: Path, sft: str) -> str:
+    """``cmd`` without the interpreter, with this machine's ``OUT`` and SFT paths as placeholders: the kept record's
+    proof of which evaluation it holds, comparable across clones and machines."""
+    return shlex.join(cmd[1:]).replace(sft, "{SFT}").replace(str(out), "{OUT}")
+
+
+def kept_eval(keep: Path, seed: int, name: str) -> Path:
+    return keep / "eval" / f"seed{seed}" / f"{name}.json.gz"
+
+
+def is_kept(keep: Path, seed: int, name: str, cmd: list[str], out: Path, sft: str) -> bool:
+    """Whether ``KEEP`` holds this exact evaluation (same arguments) of ``name`` on ``seed``."""
+    path = kept_eval(keep, seed, name)
+    return path.exists() and json.loads(gzip.decompress(path.read_bytes()))["command"] == _portable(cmd, out, sft)
+
+
+THIN_DROP = ("transcript",)  # the bulk of an episode record; every metric is computed without it
+
+
+def eval_unit(out: Path, keep: Path, cmd: list[str], seed: int, name: str, sft: str) -> None:
+    """Run one evaluation (resuming from its episodes in ``OUT``) and keep its pairs with thin episodes."""
+    from marti_ibrl.eval.report import load_pairs
+
+    done = Path(cmd[cmd.index("--out") + 1])
+    seconds = _run(cmd, out / "logs" / f"eval_seed{seed}_{name}.log")
+    pairs = [
+        {k: p[k] for k in ("policy", "counterpart", "kind")}
+        | {"episodes": [{k: v for k, v in e.items() if k not in THIN_DROP} for e in p["episodes"]]}
+        for p in load_pairs(done)
+    ]
+    record = {"command": _portable(cmd, out, sft), "seconds": round(seconds, 1), "pairs": pairs}
+    _write_atomic(kept_eval(keep, seed, name), gzip.compress(json.dumps(record).encode(), mtime=0))
+    record_time(keep, f"eval seed{seed}/{name}", seconds)
+    _log(f"evaluated seed {seed} {name} in {seconds:.0f}s")
+
+
+def run_seed(out: Path, keep: Path, profile: Profile, table: dict[str, Arm], sft: str, seed: int) -> None:
+    """Every unit of ``seed`` not yet kept: per arm train (unless evaluated already) then evaluate; the SFT
+    reference; the cross-play when every arm's checkpoint of the seed is on this machine."""
+    names = arms_of(profile, seed)
+    for name in tqdm(names, desc=f"seed {seed}", unit="arm"):
+        cmd = eval_command(out, profile, table, sft, seed, name)
+        if is_kept(keep, seed, name, cmd, out, sft):
+            continue
+        train_unit(out, keep, table[name], seed, sft, profile.iterations)
+        eval_unit(out, keep, cmd, seed, name, sft)
+    cmd = eval_command(out, profile, table, sft, seed, "sft")
+    if not is_kept(keep, seed, "sft", cmd, out, sft):
+        eval_unit(out, keep, cmd, seed, "sft", sft)
+    if len(names) < 2:
+        return
+    cmd = cross_command(out, profile, seed)
+    if is_kept(keep, seed, "cross", cmd, out, sft):
+        return
+    missing = [n for n in names if not finished(out / "runs" / n / f"seed{seed}", profile.iterations)]
+    if missing:
+        _log(f"seed {seed}: no cross-play (checkpoints trained on another machine: {', '.join(missing)})")
+        return
+    eval_unit(out, keep, cmd, seed, "cross", sft)
 
 
 # ------------------------------------------------------------------------------------------------------------ report
 
 
-def load_results(out: Path, seeds: Sequence[int]) -> list[dict]:
-    """Every evaluated pair of every seed: ``{"seed", "policy", "counterpart", "kind", "episodes", "summary"}``."""
-    from marti_ibrl.eval.report import load_pairs
+def load_results(keep: Path, seeds: Sequence[int]) -> list[dict]:
+    """Every kept evaluated pair of every seed: ``{"seed", "policy", "counterpart", "kind", "episodes", "summary"}``."""
+    from marti_ibrl.eval.metrics import summarize_seat_averaged
 
     pairs = []
     for seed in seeds:
-        for sub in (f"seed{seed}", f"seed{seed}-cross"):
-            if (out / "eval" / sub / "pairs.json").exists():
-                pairs += [dict(p, seed=seed) for p in load_pairs(out / "eval" / sub)]
+        for path in sorted((keep / "eval" / f"seed{seed}").glob("*.json.gz")):
+            for p in json.loads(gzip.decompress(path.read_bytes()))["pairs"]:
+                pairs.append(dict(p, seed=seed, summary=summarize_seat_averaged(p["episodes"])))
     return pairs
 
 
@@ -613,37 +730,47 @@ def runs_figure(pairs: list[dict], arms: Sequence[str], png: Path) -> Path | Non
     return _save(fig, png)
 
 
-def engine_note(out: Path, profile: Profile) -> str:
-    """Which rollout engine the training runs used (their ``topology.json``) and the evaluation's default."""
-    kinds: dict[str, int] = {}
+def _run_records(keep: Path, profile: Profile) -> dict[tuple[str, int], dict]:
+    """(arm, seed) -> the kept record of each finished training run (:func:`run_record`)."""
+    found = {}
     for s in profile.seeds:
         for a in arms_of(profile, s):
-            topo = out / "runs" / a / f"seed{s}" / "topology.json"
-            if topo.exists():
-                for role in json.loads(topo.read_text()).get("trained", {}).values():
-                    kinds[role["engine_kind"]] = kinds.get(role["engine_kind"], 0) + 1
-    found = ", ".join(f"{k} ({n} trained roles)" for k, n in sorted(kinds.items())) or "no topology.json found"
+            path = keep / "runs" / a / f"seed{s}.json"
+            if path.exists():
+                found[(a, s)] = json.loads(path.read_text())
+    return found
+
+
+def engine_note(keep: Path, profile: Profile) -> str:
+    """Which rollout engine the training runs used (their ``topology.json``, kept) and the evaluation's default."""
+    kinds: dict[str, int] = {}
+    for record in _run_records(keep, profile).values():
+        for kind in record["engines"].values():
+            kinds[kind] = kinds.get(kind, 0) + 1
+    found = ", ".join(f"{k} ({n} trained roles)" for k, n in sorted(kinds.items())) or "no training run recorded"
     return f"Rollout engine: {found} in training; `marti-ibrl eval --engine auto` (HF generate on CPU) in evaluation."
 
 
-def reward_figure(out: Path, profile: Profile, png: Path) -> Path | None:
+def reward_figure(keep: Path, profile: Profile, png: Path) -> Path | None:
     """agent1's training reward per iteration, one line per arm (mean over seeds, EMA-smoothed)."""
-    from marti_ibrl.eval.diagnostics import _figure, _save, ema, finish_axes, load_history
+    from marti_ibrl.eval.diagnostics import _figure, _save, ema, finish_axes
 
+    records = _run_records(keep, profile)
     fig = _figure((7.5, 4.5))
     ax = fig.add_subplot()
     drawn = False
     for i, arm in enumerate(profile.arms):
-        curves = []
-        for seed in profile.seeds:
-            run = out / "runs" / arm / f"seed{seed}"
-            if (run / "trainer_state.json").exists():
-                curves.append([m["agent1/reward"] for m in load_history(run) if m.get("agent1/reward") is not None])
+        curves = [
+            [x for x in r["rewards"].get("agent1/reward", []) if x is not None]
+            for (a, _), r in records.items()
+            if a == arm
+        ]
+        curves = [c for c in curves if c]
         if not curves:
             continue
         n = min(len(c) for c in curves)
         mean = [statistics.fmean(c[k] for c in curves) for k in range(n)]
-        ax.plot(range(1, n + 1), ema(mean), color=f"C{i}", lw=2, label=arm)
+        ax.plot(range(1, n + 1), ema(mean), color=f"C{i}", lw=2, label=f"{arm} ({len(curves)} runs)")
         drawn = True
     if not drawn:
         return None
@@ -651,39 +778,60 @@ def reward_figure(out: Path, profile: Profile, png: Path) -> Path | None:
     return _save(fig, png)
 
 
-def compute_time(out: Path, profile: Profile, sft_seconds: float | None) -> tuple[str, str]:
-    """The run's compute time from the ledger (:func:`record_time`): a one-line total and a per-stage list."""
-    path = out / TIMES
+def units(profile: Profile) -> list[str]:
+    """The ledger keys of every unit of the run, in the order they run."""
+    keys = ["sft"]
+    for s in profile.seeds:
+        names = arms_of(profile, s)
+        for a in names:
+            keys += [f"train {a}/seed{s}", f"eval seed{s}/{a}"]
+        keys += [f"eval seed{s}/sft"] + ([f"eval seed{s}/cross"] if len(names) > 1 else [])
+    return keys
+
+
+def compute_time(keep: Path, profile: Profile) -> tuple[str, str]:
+    """The run's compute time from the ledger (:func:`record_time`): a one-line total and a per-unit list."""
+    path = keep / TIMES
     ledger = json.loads(path.read_text()) if path.exists() else {}
-    keys = [f"train {a}/seed{s}" for s in profile.seeds for a in arms_of(profile, s)]
-    keys += [
-        f"eval seed{s}{c}" for s in profile.seeds for c in ("", "-cross")[: 2 if len(arms_of(profile, s)) > 1 else 1]
-    ]
-    stages = {"sft": sft_seconds, **{k: ledger.get(k) for k in keys}}
+    stages = {k: ledger.get(k) for k in units(profile)}
     missing = [k for k, v in stages.items() if v is None]
     total = sum(v for v in stages.values() if v is not None)
     runs = sum(len(arms_of(profile, s)) for s in profile.seeds)
     line = f"{total / 3600:.1f} h of compute (SFT, {runs} training runs and the "
-    line += "evaluations, summed from `OUT/stage_times.json`; a run's last, completing invocation)"
+    line += "evaluations, summed from the ledger `KEEP/times.json`; a run's last, completing invocation)"
     line += f"; not recorded: {', '.join(missing)}" if missing else ""
     listing = "\n".join(f"- {k}: {'–' if v is None else f'{v:.0f} s'}" for k, v in stages.items())
     return line, listing
 
 
-def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str:
-    pairs = load_results(out, profile.seeds)
+def cross_play_note(pairs: list[dict], profile: Profile) -> str:
+    """Which seeds have cross-play (it needs every arm's checkpoint of a seed on one machine)."""
+    have = sorted({p["seed"] for p in pairs if p["kind"] == "cross-play"})
+    want = [s for s in profile.seeds if len(arms_of(profile, s)) > 1]
+    lacking = [s for s in want if s not in have]
+    text = f"Seeds with cross-play: {', '.join(map(str, have)) or 'none'}"
+    return text + (
+        f"; without (arms trained on different machines, or not yet): {', '.join(map(str, lacking))}."
+        if lacking
+        else "."
+    )
+
+
+def write_results(keep: Path, profile: Profile, results: Path, meta: dict) -> str:
+    """The report from what ``keep`` holds (the kept records of every finished unit, whichever machine ran it)."""
+    pairs = load_results(keep, profile.seeds)
     if not pairs:
-        raise FileNotFoundError(f"no evaluation under {out / 'eval'}: run the eval stage first")
+        raise FileNotFoundError(f"no kept evaluation under {keep / 'eval'}: run the benchmark first")
     policies = [a for a in (*profile.arms, "sft") if any(p["policy"] == a for p in pairs)]
     mismatch, numbers = mismatch_table(pairs, policies)
     trained = [a for a in policies if a != "sft"]
     primary, run_verdicts = run_level_tests(pairs, trained)
     stats, verdicts = gee_tests(pairs)
-    figure = reward_figure(out, profile, results.with_name(results.stem + "_rewards.png"))
+    figure = reward_figure(keep, profile, results.with_name(results.stem + "_rewards.png"))
     per_run = runs_figure(pairs, trained, results.with_name(results.stem + "_runs.png"))
     n_eval = max((p["summary"]["averaged"]["n"] for p in pairs if p["kind"] == "held-out"), default=0)
     sft = meta.get("sft", {})
-    total, stage_times = compute_time(out, profile, sft.get("seconds"))
+    total, stage_times = compute_time(keep, profile)
     text = [
         f"# Mini Table 2 ({'quick' if meta.get('quick') else 'full'} run, seeds {', '.join(map(str, profile.seeds))})",
         f"Command: `{meta['command']}`  \nWall time: {meta['wall_time']}  \nWhole run: {total}  \n"
@@ -691,7 +839,7 @@ def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str
         "Settings: "
         + json.dumps(asdict(profile))
         + f"; recipe `{RECIPE.relative_to(ROOT)}`. "
-        + engine_note(out, profile),
+        + engine_note(keep, profile),
         (
             f"SFT init: {sft['records']} records from {sft['dialogues']} training-bot dialogues, {sft['seconds']} s; "
             f"protocol-valid self-play turns {sft['validity']['protocol']:.1%}"
@@ -707,7 +855,10 @@ def write_results(out: Path, profile: Profile, results: Path, meta: dict) -> str
         "`held-out (all)` pools the four held-out bots.\n\n" + main_table(pairs, policies),
         "## Δmismatch (agreement)\n\nΔ = J_in-system − J_held-out per seed, then mean ± sd. In-system for uni_pool "
         "is the mean over its four training bots; `sft` has no training counterpart.\n\n" + mismatch,
-        "## Cross-play (agreement; diagonal = self-play)\n\n" + cross_play_table(pairs, policies),
+        "## Cross-play (agreement; diagonal = self-play)\n\n"
+        + cross_play_note(pairs, profile)
+        + "\n\n"
+        + cross_play_table(pairs, policies),
         "## Primary statistics: training runs vs ibrl\n\nThe replicated unit is the training run: one value per run "
         "(arm × seed), Welch's t-test of each arm's runs against IB-RL's, the difference with its 95% CI, Holm over the "
         "arms (`marti_ibrl.eval.stats.runs_vs_reference`). Δ is arm − IB-RL: negative = IB-RL higher.\n\n" + primary,
@@ -734,6 +885,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="work directory (default runs/mini_table2[_quick])")
     p.add_argument("--sft-dir", default="runs/mini_table2/sft", help="the SFT init, built once, shared by quick/full")
     p.add_argument(
+        "--keep",
+        default=None,
+        help="the kept records, all the report reads (default benchmarks/results/mini_table2_runs; OUT/keep --quick)",
+    )
+    p.add_argument(
         "--results", default=None, help="results markdown (default benchmarks/results/mini_table2[_quick].md)"
     )
     p.add_argument("--seeds", type=int, nargs="+", default=None)
@@ -741,7 +897,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-scenarios", type=int, default=None)
     p.add_argument("--cross-play-scenarios", type=int, default=None)
     p.add_argument("--arms", nargs="+", default=None, choices=FULL.arms)
-    p.add_argument("--stage", default="all", choices=["all", "sft", "train", "eval", "report"])
+    p.add_argument("--stage", default="all", choices=["all", "sft", "run", "report"], help="run = train + evaluate")
     return p.parse_args(argv)
 
 
@@ -758,31 +914,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = replace(profile, **{k: v for k, v in overrides.items() if v is not None})
     suffix = "_quick" if args.quick else ""
     out = (ROOT / (args.out or f"runs/mini_table2{suffix}")).resolve()
+    keep = (ROOT / args.keep).resolve() if args.keep else (out / "keep" if args.quick else KEEP)
     results = (ROOT / (args.results or f"benchmarks/results/mini_table2{suffix}.md")).resolve()
     t0 = time.perf_counter()
     sft_dir = (ROOT / args.sft_dir).resolve()
-    sft_record = stage_sft(sft_dir, profile) if args.stage in ("all", "sft", "train", "eval") else {}
+    sft_record = stage_sft(sft_dir, profile, keep) if args.stage in ("all", "sft", "run") else {}
     sft = str(sft_dir)
     table = arms(sft, profile.single_bot)
-    for seed in profile.seeds:  # seed by seed: an interrupted run (the full one spans sessions) has whole seeds done
-        one = replace(profile, seeds=(seed,))
-        if args.stage in ("all", "train"):
-            stage_train(out, one, table, sft)
-        if args.stage in ("all", "eval"):
-            stage_eval(out, one, table, sft)
-    if args.stage in ("all", "report", "eval"):
-        if not sft_record and (sft_dir / "mini_table2_sft.json").exists():
-            sft_record = json.loads((sft_dir / "mini_table2_sft.json").read_text())
+    if args.stage in ("all", "run"):
+        for seed in profile.seeds:  # seed by seed, arm by arm: each finished unit is kept at once
+            run_seed(out, keep, profile, table, sft, seed)
+    if args.stage in ("all", "report"):
+        kept_sft = keep / "sft" / SFT_RECORD
+        if not sft_record and kept_sft.exists():
+            sft_record = json.loads(kept_sft.read_text())
         wall = time.perf_counter() - t0
         meta = {
             "command": shlex.join([Path(sys.executable).name, "benchmarks/mini_table2.py", *(argv or sys.argv[1:])]),
-            "wall_time": f"{wall / 60:.1f} min (this invocation; stages reused from earlier invocations are not counted)",
+            "wall_time": f"{wall / 60:.1f} min (this invocation; units kept by earlier invocations are not counted)",
             "date": time.strftime("%Y-%m-%d"),
             "machine": f"{_cpus()} CPU cores, no GPU",
             "quick": args.quick,
             "sft": sft_record,
         }
-        print(write_results(out, profile, results, meta))
+        print(write_results(keep, profile, results, meta))
         _log(f"wrote {results} in {math.ceil(wall)} s total")
     return 0
 

@@ -8,7 +8,7 @@
 # COMMAND is stopped (SIGTERM, then SIGKILL after 30 s: a job started in the background ignores SIGINT), every
 # process it left is killed (Ray workers outlive their driver; they are found by a variable in their environment,
 # inherited from COMMAND), and COMMAND is started again once the machine has had neither for a minute. COMMAND
-# must therefore resume from its own committed work (mini_table2 does: finished runs are skipped, a run resumes
+# must therefore resume from its own committed work (mini_table2 does: kept units are skipped, a run resumes
 # from its last committed iteration). A 2-core / 24 GiB machine cannot hold a benchmark run (≈ 9 GB) beside the
 # test suite's Slurm cluster (≈ 15 GB): Ray's memory monitor kills one of them.
 #

@@ -3,6 +3,7 @@ computes the right tables, Δmismatch, cross-play matrix, GEE and goal verdicts 
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from pathlib import Path
@@ -54,18 +55,21 @@ def test_eval_commands_plan_the_right_pairs(bench, tmp_path):
     for arm in profile.arms:
         for role in ("agent1", "agent2"):
             (tmp_path / "runs" / arm / "seed0" / role / "hf").mkdir(parents=True)
-    main_cmd, cross_cmd = bench.eval_commands(tmp_path, profile, bench.arms(str(sft), "fair"), str(sft), 0)
-    policies, pairs = plan(build_parser().parse_args(main_cmd[3:]))
-    assert [p.name for p in policies] == [*profile.arms, "sft"]
+    table = bench.arms(str(sft), "fair")
     kinds = {}
-    for p, c, kind in pairs:
-        kinds.setdefault((p.name, kind), []).append(c.name)
+    for name in [*profile.arms, "sft"]:  # one evaluation per policy
+        cmd = bench.eval_command(tmp_path, profile, table, str(sft), 0, name)
+        assert cmd[cmd.index("--out") + 1] == str(tmp_path / "eval" / "seed0" / name)
+        policies, pairs = plan(build_parser().parse_args(cmd[3:]))
+        assert [p.name for p in policies] == [name]
+        for p, c, kind in pairs:
+            kinds.setdefault((p.name, kind), []).append(c.name)
     assert kinds[("uni_pool", "in-system")] == [f"in-system:{b}" for b in bench.TRAINING_BOTS]
     assert kinds[("uni_bot", "in-system")] == ["in-system"]
     assert ("sft", "in-system") not in kinds
     assert kinds[("ibrl", "held-out")] == list(bench.HELDOUT_BOTS)
     assert all(kinds[(a, "self-play")] == ["self"] for a in [*profile.arms, "sft"])
-    _, cross = plan(build_parser().parse_args(cross_cmd[3:]))
+    _, cross = plan(build_parser().parse_args(bench.cross_command(tmp_path, profile, 0)[3:]))
     assert len(cross) == len(profile.arms) * (len(profile.arms) - 1)
     assert {k for _, _, k in cross} == {"cross-play"}
 
@@ -98,16 +102,21 @@ def _episodes(policy, counterpart, n, rate, rng):
     return out
 
 
-def _write_eval(directory: Path, rates: dict[tuple[str, str, str], float], n: int, seed: int) -> None:
-    rng = random.Random(seed)
-    (directory / "episodes").mkdir(parents=True)
-    pairs = []
-    for (policy, counterpart, kind), rate in rates.items():
-        name = f"{policy}__{counterpart.replace(':', '-')}.jsonl"
-        lines = [json.dumps(e) for e in _episodes(policy, counterpart, n, rate, rng)]
-        (directory / "episodes" / name).write_text("\n".join(lines) + "\n")
-        pairs.append({"policy": policy, "counterpart": counterpart, "kind": kind, "file": name})
-    (directory / "pairs.json").write_text(json.dumps(pairs))
+def _keep_eval(keep: Path, seed: int, name: str, rates: dict[tuple[str, str, str], float], n: int) -> None:
+    """A kept evaluation (what :func:`eval_unit` writes) of synthetic episodes."""
+    rng = random.Random(f"{seed}-{name}")
+    pairs = [
+        {
+            "policy": policy,
+            "counterpart": counterpart,
+            "kind": kind,
+            "episodes": _episodes(policy, counterpart, n, r, rng),
+        }
+        for (policy, counterpart, kind), r in rates.items()
+    ]
+    path = keep / "eval" / f"seed{seed}" / f"{name}.json.gz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(json.dumps({"command": "?", "seconds": 1.0, "pairs": pairs}).encode()))
 
 
 def test_results_tables_gee_and_goals(bench, tmp_path):
@@ -115,22 +124,22 @@ def test_results_tables_gee_and_goals(bench, tmp_path):
     held = {"ibrl": 0.7, "uni_sft": 0.45, "uni_bot": 0.3}
     selfplay = {"ibrl": 0.8, "uni_sft": 0.4, "uni_bot": 0.75}
     for seed in (0, 1):
-        main, cross = {}, {}
+        cross = {}
         for arm in profile.arms:
-            main[(arm, "in-system", "in-system")] = 0.9
-            main[(arm, "self", "self-play")] = selfplay[arm]
-            for b in bench.HELDOUT_BOTS:
-                main[(arm, b, "held-out")] = held[arm]
+            main = {(arm, "in-system", "in-system"): 0.9, (arm, "self", "self-play"): selfplay[arm]}
+            main |= {(arm, b, "held-out"): held[arm] for b in bench.HELDOUT_BOTS}
+            _keep_eval(tmp_path, seed, arm, main, n=150)
             for other in profile.arms:
                 if other != arm:
                     cross[(arm, f"policy:{other}", "cross-play")] = 0.5
-        _write_eval(tmp_path / "eval" / f"seed{seed}", main, n=150, seed=seed)
-        _write_eval(tmp_path / "eval" / f"seed{seed}-cross", cross, n=40, seed=seed + 10)
+        if seed == 0:  # seed 1's arms "trained on different machines": no cross-play
+            _keep_eval(tmp_path, seed, "cross", cross, n=40)
     results = tmp_path / "results" / "mini.md"
     meta = {"command": "python benchmarks/mini_table2.py", "wall_time": "1 min", "date": "d", "machine": "m"}
     text = bench.write_results(tmp_path, profile, results, meta)
     assert results.read_text() == text
-    assert "Whole run: 0.0 h of compute" in text and "not recorded: sft, train ibrl/seed0" in text  # no ledger
+    assert "Whole run: 0.0 h of compute" in text and "not recorded: sft, train ibrl/seed0, eval seed0/ibrl" in text
+    assert "Seeds with cross-play: 0; without (arms trained on different machines, or not yet): 1." in text
 
     pairs = bench.load_results(tmp_path, profile.seeds)
     _, numbers = bench.mismatch_table(pairs, profile.arms)
@@ -172,49 +181,102 @@ def test_results_tables_gee_and_goals(bench, tmp_path):
     assert "**not met**" in lines[1]  # +5 points < +10
     assert (results.parent / "mini_runs.png").stat().st_size > 1000  # the per-run figure
     assert "![held-out agreement per run](mini_runs.png)" in text
-    assert "Rollout engine: no topology.json found in training" in text
+    assert "Rollout engine: no training run recorded in training" in text
     matrix = text.split("## Cross-play")[1].split("##")[0]
     diagonal = f"{numbers['ibrl']['self_play']:.2f}"
     assert f"| ibrl | {diagonal} | 0.5" in matrix or f"| ibrl | {diagonal} | 0.4" in matrix  # cross-play ≈ .5
     assert "![reward curves]" not in text  # no training runs under tmp_path: no figure claimed
 
 
-def test_finished_evaluations_are_not_rerun_and_the_ledger_sums_the_whole_run(bench, tmp_path, monkeypatch):
-    profile = bench.replace(bench.QUICK, seeds=(0, 1), arms=("ibrl", "uni_sft"))
-    sft = tmp_path / "sft"
-    table = bench.arms(str(sft), "conceder")
-    ran = []
+def _fake_run(ran: list):
+    """Stands in for ``_run``: a training run writes its state and final policy, an evaluation its episodes."""
 
-    def fake_run(cmd, log):  # marti-ibrl eval writes OUT/pairs.json once every pair is played
+    def run(cmd, log):
+        if cmd[3] == "train":
+            path = Path(cmd[cmd.index("--ckpt.path") + 1])
+            n = int(cmd[cmd.index("--train.iterations") + 1])
+            (path / "agent1" / "hf").mkdir(parents=True)
+            (path / "agent1" / "hf" / "config.json").write_text("{}")
+            history = [{"iteration": i, "agent1/reward": i / n, "agent2/reward": None} for i in range(1, n + 1)]
+            (path / "trainer_state.json").write_text(json.dumps({"iteration": n, "history": history}))
+            (path / "topology.json").write_text(json.dumps({"trained": {"agent1": {"engine_kind": "hf"}}}))
+            ran.append(f"train {path.parent.name}/{path.name}")
+            return 600.0
         out = Path(cmd[cmd.index("--out") + 1])
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "pairs.json").write_text("[]")
-        ran.append(out.name)
+        (out / "episodes").mkdir(parents=True, exist_ok=True)
+        name = cmd[cmd.index("--policy") + 1].split("=")[0]
+        episodes = _episodes(name, "heldout:hardliner", 3, 0.5, random.Random(0))
+        episodes[0]["transcript"] = [{"role": "agent1", "text": "a long dialogue"}]
+        (out / "episodes" / "x.jsonl").write_text("\n".join(json.dumps(e) for e in episodes) + "\n")
+        pairs = [{"policy": name, "counterpart": "heldout:hardliner", "kind": "held-out", "file": "x.jsonl"}]
+        (out / "pairs.json").write_text(json.dumps(pairs))
+        ran.append(f"eval {out.parent.name}/{out.name}")
         return 60.0
 
-    monkeypatch.setattr(bench, "_run", fake_run)
-    for cmd in bench.eval_commands(tmp_path, profile, table, str(sft), 0):  # seed 0 evaluated before
-        done = Path(cmd[cmd.index("--out") + 1])
-        done.mkdir(parents=True)
-        (done / "pairs.json").write_text("[]")
-        (done / "command.txt").write_text(bench.shlex.join(cmd[1:]))
-    (tmp_path / "eval" / "seed1").mkdir(parents=True)
-    (tmp_path / "eval" / "seed1" / "pairs.json").write_text("[]")  # from other arguments: no command.txt
-    bench.record_time(tmp_path, "eval seed0", 4000.0)
-    bench.record_time(tmp_path, "train ibrl/seed0", 700.0)
-    bench.stage_eval(tmp_path, profile, table, str(sft))
-    assert ran == ["seed1", "seed1-cross"]
-    cmd = bench.eval_commands(tmp_path, profile, table, str(sft), 1)[0]
-    assert (tmp_path / "eval" / "seed1" / "command.txt").read_text() == bench.shlex.join(cmd[1:])
-    ledger = json.loads((tmp_path / bench.TIMES).read_text())
-    assert ledger == {"eval seed0": 4000.0, "train ibrl/seed0": 700.0, "eval seed1": 60.0, "eval seed1-cross": 60.0}
-    bench.stage_eval(tmp_path, profile, table, str(sft))  # everything done now: nothing runs again
-    assert len(ran) == 2
+    return run
 
-    line, listing = bench.compute_time(tmp_path, profile, 500.0)
-    assert line.startswith(f"{(500 + 4000 + 700 + 60 + 60) / 3600:.1f} h of compute")
-    assert "not recorded: train uni_sft/seed0, train ibrl/seed1, train uni_sft/seed1, eval seed0-cross" in line
-    assert "- sft: 500 s" in listing and "- eval seed0-cross: –" in listing
+
+def test_every_finished_unit_is_kept_and_a_new_machine_redoes_none_of_it(bench, tmp_path, monkeypatch):
+    profile = bench.replace(bench.QUICK, seeds=(0, 1), arms=("ibrl", "uni_sft"), iterations=3)
+    out, keep, sft = tmp_path / "out", tmp_path / "keep", str(tmp_path / "out" / "sft")
+    table = bench.arms(sft, "conceder")
+    ran = []
+    monkeypatch.setattr(bench, "_run", _fake_run(ran))
+    bench.run_seed(out, keep, profile, table, sft, 0)
+    assert ran[:4] == ["train ibrl/seed0", "eval seed0/ibrl", "train uni_sft/seed0", "eval seed0/uni_sft"]
+    assert ran[4:] == ["eval seed0/sft", "eval seed0/cross"]
+    kept = json.loads(gzip.decompress((keep / "eval" / "seed0" / "ibrl.json.gz").read_bytes()))
+    assert kept["command"].startswith("-m marti_ibrl.cli eval --seed 0") and str(out) not in kept["command"]
+    assert "--policy ibrl={OUT}/runs/ibrl/seed0/agent1/hf" in kept["command"]
+    (pair,) = kept["pairs"]
+    assert len(pair["episodes"]) == 6 and "transcript" not in pair["episodes"][0]  # thin: no dialogue text
+    assert pair["episodes"][0]["utilities"] and pair["kind"] == "held-out"
+    record = json.loads((keep / "runs" / "ibrl" / "seed0.json").read_text())
+    assert record["rewards"]["agent1/reward"] == [1 / 3, 2 / 3, 1.0] and record["engines"] == {"agent1": "hf"}
+
+    # another clone, then a new machine with OUT gone (KEEP came with the repository): nothing kept runs again
+    ran.clear()
+    for elsewhere in (tmp_path / "clone", tmp_path / "new-machine"):
+        if elsewhere.name == "clone":
+            out.rename(elsewhere)
+        moved_sft = str(elsewhere / "sft")
+        bench.run_seed(elsewhere, keep, profile, bench.arms(moved_sft, "conceder"), moved_sft, 0)
+        assert ran == []  # commands are compared with OUT and SFT as placeholders
+    # seed 1: ibrl is trained and evaluated here, then this machine is lost before uni_sft
+    bench.run_seed(out, keep, bench.replace(profile, arms=("ibrl",)), table, sft, 1)
+    assert ran == ["train ibrl/seed1", "eval seed1/ibrl", "eval seed1/sft"]
+    ran.clear()
+    out = tmp_path / "third-machine"
+    bench.run_seed(out, keep, profile, bench.arms(str(out / "sft"), "conceder"), str(out / "sft"), 1)
+    assert ran == ["train uni_sft/seed1", "eval seed1/uni_sft"]  # ibrl seed 1's checkpoint is gone: no cross-play
+    assert not (keep / "eval" / "seed1" / "cross.json.gz").exists()
+
+    ledger = json.loads((keep / bench.TIMES).read_text())
+    assert ledger["train ibrl/seed0"] == 600.0 and ledger["eval seed0/cross"] == 60.0
+    line, listing = bench.compute_time(keep, profile)
+    assert line.startswith(f"{(4 * 600 + 8 * 60) / 3600:.1f} h of compute")  # 4 runs, 4 + 2 sft + 1 cross evals
+    assert "not recorded: sft, eval seed1/cross" in line
+    assert "- eval seed0/cross: 60 s" in listing and "- eval seed1/cross: –" in listing
+    pairs = bench.load_results(keep, profile.seeds)
+    assert {(p["seed"], p["policy"]) for p in pairs} == {(s, a) for s in (0, 1) for a in ("ibrl", "uni_sft", "sft")}
+    assert all(p["summary"]["averaged"]["n"] == 6 for p in pairs)
+    assert bench.engine_note(keep, profile).startswith("Rollout engine: hf (4 trained roles)")
+
+
+def test_the_sft_init_is_kept_and_taken_from_the_keep(bench, tmp_path):
+    env = bench.recipe_env()
+    data_env = {k: env[k] for k in ("prompt_style", "max_rounds", "bot_speech", "show_complement")}
+    sft, keep = tmp_path / "sft", tmp_path / "keep"
+    sft.mkdir()
+    (sft / "model.safetensors").write_bytes(b"weights")
+    (sft / "ds_state").mkdir()  # not a model file: not kept
+    record = {"env": data_env, "dialogues": bench.QUICK.sft_dialogues, "epochs": bench.QUICK.sft_epochs}
+    (sft / bench.SFT_RECORD).write_text(json.dumps(record))
+    assert bench.stage_sft(sft, bench.QUICK, keep) == record
+    assert sorted(f.name for f in (keep / "sft").iterdir()) == [bench.SFT_RECORD, "model.safetensors"]
+    fresh = tmp_path / "new-machine" / "sft"
+    assert bench.stage_sft(fresh, bench.QUICK, keep) == record  # copied, not trained
+    assert (fresh / "model.safetensors").read_bytes() == b"weights"
 
 
 def test_goal_not_met_when_ibrl_is_worse(bench):
@@ -233,7 +295,7 @@ def test_recipe_env_reaches_eval_and_a_stale_sft_init_is_refused(bench, tmp_path
 
     env = bench.recipe_env()
     assert env["show_complement"] is True and env["bot_speech"] == "markers"
-    main_cmd, _ = bench.eval_commands(tmp_path, bench.QUICK, bench.arms("sft", "fair"), "sft", 0)
+    main_cmd = bench.eval_command(tmp_path, bench.QUICK, bench.arms("sft", "fair"), "sft", 0, "ibrl")
     args = build_parser().parse_args(main_cmd[3:])
     assert args.show_complement and args.bot_speech == "markers" and args.prompt_style == env["prompt_style"]
     sft = tmp_path / "sft"
@@ -248,9 +310,8 @@ def test_ablations_train_on_their_own_seeds_and_each_seed_evaluates_its_arms(ben
     assert profile.seeds == (0, 1, 2, 3, 4) and profile.ablation_seeds == (0, 1, 2)
     assert bench.arms_of(profile, 2) == profile.arms
     assert bench.arms_of(profile, 4) == ("ibrl", "uni_sft", "uni_bot", "uni_pool")
-    sft = tmp_path / "sft"
-    main, cross = bench.eval_commands(tmp_path, profile, bench.arms(str(sft), "conceder"), str(sft), 4)
-    named = [main[i + 1].split("=")[0] for i, x in enumerate(main) if x == "--policy"]
-    assert named == ["ibrl", "uni_sft", "uni_bot", "uni_pool", "sft"]
-    line, _ = bench.compute_time(tmp_path, profile, None)
+    cross = bench.cross_command(tmp_path, profile, 4)
+    named = [cross[i + 1].split("=")[0] for i, x in enumerate(cross) if x == "--policy"]
+    assert named == ["ibrl", "uni_sft", "uni_bot", "uni_pool"]
+    line, _ = bench.compute_time(tmp_path, profile)
     assert "(SFT, 29 training runs and the evaluations" in line  # 4 arms x 5 seeds + 3 ablations x 3 seeds
