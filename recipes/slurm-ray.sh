@@ -26,8 +26,8 @@
 # GPU_MEMORY_GIB (per GPU, default 80), RAY_PORT (6379), RAY_DASHBOARD_PORT (8265), RAY_CLIENT_PORT (10001),
 # RAY_AGENT_PORT (the head's dashboard agent, 52365; `ray job submit` goes through it), RAY_WORKER_AGENT_PORT (the
 # other nodes' agents, default RAY_AGENT_PORT: Ray nodes sharing one machine, as on the local Slurm of
-# recipes/local-slurm.sh, need distinct ones, since every agent also listens on 127.0.0.1), RAY_WAIT_TIMEOUT (seconds
-# to wait for the cluster, default 600). sbatch passes the submitting shell's environment on (--export=ALL, the
+# recipes/local-slurm.sh, need distinct ones, since every agent also listens on 127.0.0.1), RAY_RUNTIME_ENV_AGENT_PORT
+# (the head's runtime-env agent, 52366: see below), RAY_WAIT_TIMEOUT (seconds to wait for the cluster, default 600). sbatch passes the submitting shell's environment on (--export=ALL, the
 # default): activate the environment where marti-ibrl is installed (pip install -e ".[gpu]") and export the
 # variables (model paths, API keys) before sbatch; the Ray processes and the training job inherit them.
 
@@ -151,7 +151,7 @@ ibrl_run() {
     trap ibrl_on_sigterm TERM
     local nodes=${SLURM_JOB_NUM_NODES:-$IBRL_NODES} gpn=${SLURM_GPUS_ON_NODE:-$IBRL_GPUS_PER_NODE}
     local port=${RAY_PORT:-6379} dashboard=${RAY_DASHBOARD_PORT:-8265} cpus=${SLURM_CPUS_PER_TASK:-$((gpn * 4))}
-    local client=${RAY_CLIENT_PORT:-10001} agent=${RAY_AGENT_PORT:-52365}
+    local client=${RAY_CLIENT_PORT:-10001} agent=${RAY_AGENT_PORT:-52365} envagent=${RAY_RUNTIME_ENV_AGENT_PORT:-52366}
     ibrl_log "preflight: marti-ibrl plan --strict for $nodes nodes x $gpn GPUs"
     ibrl_plan "$nodes" "$gpn" --strict || ibrl_die "the job does not fit this allocation (plan above); nothing started"
 
@@ -160,16 +160,21 @@ ibrl_run() {
     head=${hosts[0]}
     head_ip=$(ibrl_node_ip "$head")
     ibrl_log "Ray head on $head ($head_ip:$port), workers on: ${hosts[*]:1}"
-    # (the dashboard serves `ray job submit`; its modules get 30 s to start by default, too few on a busy node)
-    RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT=${RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT:-180} \
+    # On a busy node the head's start-up outlasts three of Ray's deadlines. The dashboard (it serves `ray job
+    # submit`) gets 60 s to start and its modules 30 s: both 180 s here. And `ray start --head` starts the raylet only
+    # once the dashboard is up, while its Ray client server, started before the dashboard, waits 30 s for the raylet
+    # to report a self-assigned runtime-env agent port, then exits, and `--block` takes the head down with it (seen
+    # with the dashboard at 54-63 s on 2 shared cores): a fixed port (--runtime-env-agent-port) skips that wait.
+    RAY_DASHBOARD_STARTUP_TIMEOUT_S=${RAY_DASHBOARD_STARTUP_TIMEOUT_S:-180} \
+        RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT=${RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT:-180} \
         srun --nodes=1 --ntasks=1 --overlap -w "$head" \
         "$RAY" start --head --block --node-ip-address="$head_ip" --node-name="$head" --port="$port" \
         --dashboard-host="$head_ip" --dashboard-port="$dashboard" --ray-client-server-port="$client" \
-        --dashboard-agent-listen-port="$agent" --num-cpus="$cpus" --num-gpus="$gpn" &
+        --dashboard-agent-listen-port="$agent" --runtime-env-agent-port="$envagent" \
+        --num-cpus="$cpus" --num-gpus="$gpn" &
     IBRL_RAY_PIDS+=($!) IBRL_RAY_HOSTS+=("$head")
     # the head is up when its dashboard listens (its raylet starts next). Polled with bash's /dev/tcp: a `ray
-    # status` per poll would import Ray each time, on the cores the head is starting with (its Ray client server
-    # gives the head's raylet 30 s)
+    # status` per poll would import Ray each time, on the cores the head is starting with
     local start=$SECONDS
     until { : >"/dev/tcp/$head_ip/$dashboard"; } 2>/dev/null; do
         ibrl_ray_alive

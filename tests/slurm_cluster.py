@@ -86,16 +86,16 @@ class LocalSlurm:
     """The cluster, started in ``scratch`` (its state, logs and every job's output file)."""
 
     def __init__(self, scratch: Path):
-        ports = _free_ports(5)
+        ports = _free_ports(6)
         self.env = {
             **os.environ,
             "IBRL_SLURM_DIR": str(scratch / "slurm"),
             "IBRL_SLURM_PORT": str(_free_ports(1, 3)[0]),
         }
         # at nice -10 (root only, as is Slurm here), which every job inherits: with ``pytest -n`` the other worker's
-        # tests share the two cores (tests/conftest.py), and `ray start --head` has a 30 s deadline (its Ray client
-        # server waits that long for the head's raylet, which starts after the dashboard; starved, it gave up).
-        # Ray starts its workers 15 nicer than their raylet: the jobs' actors (+5) yield to the other worker's tests
+        # tests share the two cores (tests/conftest.py), and a starved job start-up waits longer for its Ray head
+        # (the head's own deadlines: recipes/slurm-ray.sh). Ray starts its workers 15 nicer than their raylet: the
+        # jobs' actors (+5) yield to the other worker's tests
         up = subprocess.run(
             ["nice", "-n", "-10", "bash", str(LOCAL_SLURM), "up"],
             env=self.env,
@@ -109,6 +109,7 @@ class LocalSlurm:
             RAY_WAIT_TIMEOUT="180",
             **dict(zip(("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_CLIENT_PORT", "RAY_AGENT_PORT"), map(str, ports))),
             RAY_WORKER_AGENT_PORT=str(ports[4]),
+            RAY_RUNTIME_ENV_AGENT_PORT=str(ports[5]),
         )
         self.scratch, self.logs = scratch, {}
 
