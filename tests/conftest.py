@@ -30,8 +30,8 @@ def _unit(item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The units in the order they start: the Slurm unit, then the ``slow`` modules, then the rest (with
-    ``TEST_WORKERS=2 make test``, i.e. ``pytest -n 2 --dist loadgroup``, each to whichever worker is free)."""
+    """The units in the order they start: the Slurm unit, then the ``slow`` modules, then the rest (``make test``
+    runs ``pytest -n 2 --dist loadgroup``: each to whichever worker is free)."""
 
     def rank(item) -> int:
         return 0 if _unit(item) == SLURM_UNIT else 1 if item.get_closest_marker("slow") else 2
