@@ -270,11 +270,11 @@ SFT_RECORD = "mini_table2_sft.json"
 
 
 def keep_sft(sft_dir: Path, keep: Path) -> None:
-    """Copy the SFT init's files (not its subdirectories: optimizer or DeepSpeed state) into ``KEEP/sft``, the
-    record last, so a kept record means a whole model."""
+    """Copy the SFT init's files (not its subdirectories, optimizer or DeepSpeed state, nor its training log) into
+    ``KEEP/sft``, the record last, so a kept record means a whole model."""
     dest = keep / "sft"
     dest.mkdir(parents=True, exist_ok=True)
-    files = sorted(f for f in sft_dir.iterdir() if f.is_file() and f.name != SFT_RECORD)
+    files = sorted(f for f in sft_dir.iterdir() if f.is_file() and f.name != SFT_RECORD and f.suffix != ".log")
     for f in files:
         shutil.copy2(f, dest / f.name)
     shutil.copy2(sft_dir / SFT_RECORD, dest / SFT_RECORD)

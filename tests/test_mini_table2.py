@@ -270,6 +270,7 @@ def test_the_sft_init_is_kept_and_taken_from_the_keep(bench, tmp_path):
     sft.mkdir()
     (sft / "model.safetensors").write_bytes(b"weights")
     (sft / "ds_state").mkdir()  # not a model file: not kept
+    (sft / "sft.log").write_text("the training log: not kept")
     record = {"env": data_env, "dialogues": bench.QUICK.sft_dialogues, "epochs": bench.QUICK.sft_epochs}
     (sft / bench.SFT_RECORD).write_text(json.dumps(record))
     assert bench.stage_sft(sft, bench.QUICK, keep) == record
