@@ -117,6 +117,10 @@ class JudgeConfig:
     max_retries: int = 3
     """Retries of a failed or invalid judgement before the trajectory is dropped."""
     temperature: float = 0.0
+    structured: str = "auto"
+    """Structured outputs (:mod:`marti_ibrl.llm`): ``auto`` sends the verdict's JSON schema and falls back to JSON
+    mode with parse-and-retry for the run once the endpoint refuses it; ``on`` always sends it (a refusal fails the
+    judgement); ``off`` never does (JSON mode only). Every verdict is validated either way."""
 
 
 @dataclass
@@ -241,6 +245,8 @@ class Config:
 
 
 _ROLE_FLAG = re.compile(r"^role(\d+)\.(.+)$")
+VERBATIM = frozenset({"judge.structured"})
+"""Flags whose value is a word taken as written: YAML (omegaconf's grammar) would read ``on`` / ``off`` as booleans."""
 ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")
 ENGINES = ("auto", "vllm", "hf")
 VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads ("Unsupported CPU attention configuration")
@@ -359,6 +365,9 @@ def load_config(argv: list[str], assumed: list[str] | None = None) -> Config:
                 items = [v.strip() for v in value.strip().removeprefix("[").removesuffix("]").split(",")]
                 OmegaConf.update(merged, key, [v for v in items if v], merge=False)
                 continue
+        if key in VERBATIM:
+            OmegaConf.update(merged, key, value, merge=False)
+            continue
         try:
             OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=False)
         except OmegaConfBaseException as e:
@@ -543,6 +552,17 @@ def _validate_reward(cfg: Config, role: RoleConfig, flag: str, exists: Existence
             raise ConfigError(f"--judge.api_key_env: environment variable {judge.api_key_env} is not set")
         if judge.max_concurrency < 1 or judge.max_retries < 0 or judge.timeout <= 0:
             raise ConfigError("--judge.max_concurrency: need max_concurrency >= 1, max_retries >= 0 and timeout > 0")
+        from marti_ibrl.llm import STRUCTURED
+
+        if judge.structured not in STRUCTURED:
+            quote = (
+                " (YAML reads on/off as booleans: quote it in a --config file)"
+                if judge.structured in ("True", "False")
+                else ""
+            )
+            raise ConfigError(
+                f"--judge.structured: must be one of {', '.join(STRUCTURED)}, got {judge.structured!r}{quote}"
+            )
         return
     if ":" not in spec:
         raise ConfigError(f"--{flag}.reward_fn: expected rule, judge or module:function, got {spec!r}")

@@ -8,8 +8,35 @@ reply is classified.
 
 Fault kinds (each a ``stats`` key): ``timeout``, ``connect``, ``transport``, ``http_429``, ``http_5xx``,
 ``bad_json`` (the HTTP body is not JSON), ``empty`` (no choice / no content), ``bad_output`` (the reply is not the
-JSON object the caller asked for, or its validator refused it) are retried (:data:`RETRIED`); ``http_4xx`` and
-``closed`` are final. ``stats`` also counts ``requests`` (attempts), ``retries``, ``successes`` and ``failures``.
+JSON object the caller asked for, or its validator refused it) are retried (:data:`RETRIED`); ``http_4xx``,
+``schema_refused`` (``structured="on"`` and the endpoint refused the schema) and ``closed`` are final. ``stats`` also
+counts ``requests`` (HTTP requests sent), ``retries``, ``successes`` and ``failures``.
+
+**Structured outputs** (ours; the paper says nothing about how its judge and simulator replies are constrained).
+A JSON call site hands :meth:`AsyncChatClient.complete_json` the :class:`ReplySchema` of its reply type, built next
+to the reply's validator from the validator's own constants (labels, ranges, counts), and the client sends it as
+``response_format={"type": "json_schema", "json_schema": {"name", "schema", "strict": true}}``, the OpenAI / vLLM
+structured-outputs form, so a constrained server writes replies of the validator's shape (fewer ``bad_output``
+retries, no Markdown fences or prose around the JSON). The client's ``structured`` setting (:data:`STRUCTURED`):
+
+* ``"on"``: always send the schema; an endpoint that refuses it is a final ``schema_refused`` failure saying so.
+* ``"off"``: never send one: JSON mode (``{"type": "json_object"}``) with parse, validate and retry, as before.
+* ``"auto"`` (default): send the schema; the first reply that refuses it (:func:`refuses_schema`) switches the client
+  to JSON mode for the rest of its life, and that request is sent again at once in JSON mode, in the same
+  concurrency slot. The refused probe is counted in ``requests``, ``structured`` and ``structured_fallbacks``, never
+  as a fault, retry or failure, and does not use up one of the caller's retries. Requests already in flight when
+  the first refusal comes back are refused too and resent the same way (at most ``max_concurrency`` probes). Why a
+  sticky switch: an endpoint that does not take ``json_schema`` will not start to mid-run, and probing every request
+  would double the traffic; why only a refusal naming the schema: any other 4xx would recur without it.
+
+The validator runs on every reply, constrained or not (a server may ignore the schema, and what JSON Schema cannot
+state stays the validator's: a turn scored once, the rubric arithmetic, marker grammar, non-empty strings): a
+refused reply is still a retryable ``bad_output``. Schemas keep to what OpenAI's strict mode and vLLM's backends all
+take: closed objects with every key required (the keys the prompt asks for; a validator's tolerance of extra keys
+serves unconstrained replies), ``enum``, ``anyOf``, ``minimum``/``maximum``, ``minItems``/``maxItems``; no
+``pattern`` (engines disagree on whether it is anchored), ``minLength`` or ``uniqueItems`` (not in OpenAI's strict
+mode). ``stats`` counts the JSON requests sent with a schema (``structured``) and without (``unstructured``), and
+the refused probes (``structured_fallbacks``); plain-text :meth:`AsyncChatClient.complete` requests are neither.
 """
 
 from __future__ import annotations
@@ -23,7 +50,8 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
@@ -31,6 +59,11 @@ import httpx
 T = TypeVar("T")
 RETRIED = frozenset({"timeout", "connect", "transport", "http_429", "http_5xx", "bad_json", "empty", "bad_output"})
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
+STRUCTURED = ("auto", "on", "off")
+"""The ``structured`` settings of :class:`AsyncChatClient` (module doc)."""
+SCHEMA_REFUSALS = ("response_format", "json_schema", "json schema", "structured output")
+"""What a refusal of the schema names in its body (lower case; :func:`refuses_schema`)."""
+_SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class Fault(Exception):
@@ -75,17 +108,21 @@ def transport_fault(exc: httpx.TransportError) -> Fault:
     return Fault("connect" if isinstance(exc, httpx.ConnectError) else "transport", f"{type(exc).__name__}: {exc}")
 
 
+def _snippet(response: httpx.Response) -> str:
+    return f"HTTP {response.status_code} " + response.text[:200].replace("\n", " ")
+
+
 def reply_content(response: httpx.Response) -> str:
     """The first choice's message content of a ``/chat/completions`` response, or raise :class:`Fault`."""
     status = response.status_code
     if status != 200:
-        snippet = response.text[:200].replace("\n", " ")
+        snippet = _snippet(response)
         retry_after = retry_after_seconds(response.headers.get("retry-after")) if status in (429, 503) else None
         if status == 429:
-            raise Fault("http_429", f"HTTP 429 {snippet}", retry_after)
+            raise Fault("http_429", snippet, retry_after)
         if status >= 500:
-            raise Fault("http_5xx", f"HTTP {status} {snippet}", retry_after)
-        raise Fault("http_4xx", f"HTTP {status} {snippet}")  # 400/401/403/404/...: not retried
+            raise Fault("http_5xx", snippet, retry_after)
+        raise Fault("http_4xx", snippet)  # 400/401/403/404/...: not retried
     try:
         payload = response.json()
     except ValueError:
@@ -116,6 +153,70 @@ def parse_json_reply(text: str, validator: Callable[[dict], T]) -> T:
         return validator(obj)
     except ValueError as e:
         raise Fault("bad_output", str(e)) from None
+
+
+# ---- structured outputs ----
+@dataclass(frozen=True)
+class ReplySchema:
+    """The JSON schema of one reply type, sent as strict structured outputs (module doc). ``name``: 1-64 letters,
+    digits, ``_`` or ``-`` (OpenAI's rule); ``schema``: an object schema (strict mode wants an object at the root)."""
+
+    name: str
+    schema: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        if not _SCHEMA_NAME.match(self.name):
+            raise ValueError(f"a reply schema name is 1-64 letters, digits, _ or -, got {self.name!r}")
+        if self.schema.get("type") != "object":
+            raise ValueError(f"reply schema {self.name!r}: the root must be an object schema")
+
+    def response_format(self) -> dict[str, Any]:
+        """The request's ``response_format`` field."""
+        return {"type": "json_schema", "json_schema": {"name": self.name, "schema": dict(self.schema), "strict": True}}
+
+
+TEXT: dict[str, Any] = {"type": "string"}
+"""Any string: "non-empty" is left to the validators (no ``pattern`` / ``minLength``, module doc)."""
+
+
+def closed_object(properties: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """An object with exactly ``properties``, every one required (strict mode needs both), in this order."""
+    return {
+        "type": "object",
+        "properties": dict(properties),
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def one_of(values: Sequence[Any], kind: str = "string") -> dict[str, Any]:
+    """A ``kind`` value among ``values``."""
+    return {"type": kind, "enum": list(values)}
+
+
+def number_in(low: float, high: float, kind: str = "number") -> dict[str, Any]:
+    """A number (or ``kind="integer"``) in ``[low, high]``."""
+    return {"type": kind, "minimum": low, "maximum": high}
+
+
+def list_of(items: Mapping[str, Any], min_items: int = 0, max_items: int | None = None) -> dict[str, Any]:
+    """An array of ``items``, ``min_items`` to ``max_items`` long (no upper bound when ``None``)."""
+    schema: dict[str, Any] = {"type": "array", "items": dict(items)}
+    if min_items:
+        schema["minItems"] = min_items
+    if max_items is not None:
+        schema["maxItems"] = max_items
+    return schema
+
+
+def refuses_schema(status: int, body: str) -> bool:
+    """Whether the reply to a request with a ``json_schema`` response_format says the endpoint does not take it:
+    HTTP 400 or 422 (what OpenAI, vLLM, TGI and llama.cpp answer to a request field they reject) with a body naming
+    :data:`SCHEMA_REFUSALS` (e.g. OpenAI's "'response_format' of type 'json_schema' is not supported with this
+    model", vLLM's "features not supported by xgrammar" of a JSON schema). Any other 4xx (the context length, a
+    sampling value, auth) is about something else and would recur without the schema: it stays a final
+    ``http_4xx``, and the client keeps sending schemas."""
+    return status in (400, 422) and any(marker in body.lower() for marker in SCHEMA_REFUSALS)
 
 
 class ChatEndpoint:
@@ -165,6 +266,11 @@ class ChatEndpoint:
         key = f"api_key_env={self.api_key_env!r}" if self.api_key_env else "no api key"
         return f"{type(self).__name__}(url={self.url!r}, model={self.model!r}, {key})"
 
+    def stats_snapshot(self) -> dict[str, int]:
+        """A copy of ``stats``, safe while requests are in flight on other threads."""
+        with self._stats_lock:
+            return dict(self.stats)
+
     def _bump(self, key: str, n: int = 1) -> None:
         with self._stats_lock:
             self.stats[key] = self.stats.get(key, 0) + n
@@ -194,9 +300,10 @@ class ChatEndpoint:
 class AsyncChatClient(ChatEndpoint):
     """An asyncio client of an OpenAI-compatible ``POST {base_url}/chat/completions`` endpoint.
 
-    :meth:`complete` returns the reply text, :meth:`complete_json` a validated JSON reply (JSON mode: the request
-    asks for ``response_format={"type": "json_object"}`` unless ``json_mode=False``); both raise
-    :class:`ChatFailure` after ``max_retries`` retries. At most ``max_concurrency`` requests are in flight per event
+    :meth:`complete` returns the reply text, :meth:`complete_json` a validated JSON reply; both raise
+    :class:`ChatFailure` after ``max_retries`` retries. A JSON request carries its :class:`ReplySchema` as structured
+    outputs while ``structured`` (``auto`` | ``on`` | ``off``, module doc) allows it, else JSON mode
+    (``response_format={"type": "json_object"}``, none when ``json_mode=False``). At most ``max_concurrency`` requests are in flight per event
     loop (an ``asyncio.Semaphore``, held during a request, not during its backoff); ``timeout`` bounds each whole
     request. Connection pools and semaphores are made per event loop, on first use: call :meth:`aclose` before your
     loop ends. Synchronous callers (any thread) use :meth:`run_sync` / :meth:`complete_many`, which run on the
@@ -210,12 +317,17 @@ class AsyncChatClient(ChatEndpoint):
         api_key_env: str | None = None,
         max_concurrency: int = 8,
         json_mode: bool = True,
+        structured: str = "auto",
         **retry: Any,
     ) -> None:
         super().__init__(base_url, model, api_key_env, **retry)
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        self.max_concurrency, self.json_mode = int(max_concurrency), json_mode
+        if structured not in STRUCTURED:
+            raise ValueError(f"structured must be one of {', '.join(STRUCTURED)}, got {structured!r}")
+        self.max_concurrency, self.json_mode, self.structured = int(max_concurrency), json_mode, structured
+        self.schema_refused = False  # auto: the endpoint refused a schema; JSON mode from then on
+        self.stats.update(structured=0, unstructured=0, structured_fallbacks=0)
         self._per_loop: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore]] = {}
         self._lock = threading.Lock()
         self._background: tuple[asyncio.AbstractEventLoop, threading.Thread] | None = None
@@ -232,27 +344,67 @@ class AsyncChatClient(ChatEndpoint):
                 self._per_loop[loop] = (http, asyncio.Semaphore(self.max_concurrency))
             return self._per_loop[loop]
 
+    async def _post(self, http: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
+        """One HTTP request (the caller holds a concurrency slot)."""
+        self._bump("requests")
+        try:
+            return await asyncio.wait_for(http.post(self.url, json=body), self.timeout)
+        except asyncio.TimeoutError:
+            raise Fault("timeout", f"no reply within {self.timeout:g}s") from None
+        except httpx.TransportError as exc:
+            raise transport_fault(exc) from None
+
     async def _attempt(self, body: dict[str, Any]) -> str:
         http, slots = self._resources()
         async with slots:
-            try:
-                response = await asyncio.wait_for(http.post(self.url, json=body), self.timeout)
-            except asyncio.TimeoutError:
-                raise Fault("timeout", f"no reply within {self.timeout:g}s") from None
-            except httpx.TransportError as exc:
-                raise transport_fault(exc) from None
-        return reply_content(response)
+            return reply_content(await self._post(http, body))
 
-    async def _request(self, body: dict[str, Any], parse: Callable[[str], T]) -> T:
+    def uses_schema(self, schema: ReplySchema | None) -> bool:
+        """Whether a JSON request with ``schema`` is sent with it now (``structured`` and what the endpoint said)."""
+        return schema is not None and self.structured != "off" and not self.schema_refused
+
+    async def _attempt_json(self, body: dict[str, Any], schema: ReplySchema | None) -> str:
+        """One attempt of a JSON request: with ``schema`` while :meth:`uses_schema`; in ``auto``, a refused schema
+        is sent again at once in JSON mode, in the same concurrency slot (the probe is not the caller's fault, module
+        doc). Deciding inside the slot means only requests already in flight can meet a refusal."""
+        http, slots = self._resources()
+        async with slots:
+            if self.uses_schema(schema):
+                self._bump("structured")
+                response = await self._post(http, {**body, "response_format": schema.response_format()})
+                if not refuses_schema(response.status_code, response.text):
+                    return reply_content(response)
+                if self.structured == "on":
+                    why = "structured=on; auto falls back to JSON mode, off never sends a schema"
+                    raise Fault("schema_refused", f"the endpoint refused the JSON schema ({why}): {_snippet(response)}")
+                self._fall_back(_snippet(response))
+            self._bump("unstructured")
+            plain = {**body, "response_format": {"type": "json_object"}} if self.json_mode else body
+            return reply_content(await self._post(http, plain))
+
+    def _fall_back(self, why: str) -> None:
+        """``auto``: the endpoint refused a schema; JSON mode with parse-and-retry for the rest of the client's life."""
+        with self._stats_lock:
+            first, self.schema_refused = not self.schema_refused, True
+            self.stats["structured_fallbacks"] += 1
+        if first:
+            logging.getLogger(__name__).warning(
+                "%s: model %r at %s refused the JSON schema (%s): JSON mode with parse-and-retry from now on",
+                type(self).__name__,
+                self.model,
+                self.url,
+                self._redact(why),
+            )
+
+    async def _request(self, send: Callable[[], Awaitable[str]], parse: Callable[[str], T]) -> T:
         fault, attempts = Fault("closed", "the client was closed"), 0
         for attempt in range(self.max_retries + 1):
             if self._closed:
                 fault = Fault("closed", "the client was closed")
                 break
             attempts += 1
-            self._bump("requests")
             try:
-                result = parse(await self._attempt(body))
+                result = parse(await send())
             except Fault as exc:
                 fault = exc
                 self._bump(exc.kind)
@@ -267,20 +419,23 @@ class AsyncChatClient(ChatEndpoint):
 
     async def complete(self, messages: Sequence[Mapping[str, str]], sampling: Mapping[str, Any] | None = None) -> str:
         """The assistant's reply to ``messages``."""
-        return await self._request(self._body(messages, sampling), lambda text: text)
+        body = self._body(messages, sampling)
+        return await self._request(lambda: self._attempt(body), lambda text: text)
 
     async def complete_json(
         self,
         messages: Sequence[Mapping[str, str]],
         validator: Callable[[dict], T],
         sampling: Mapping[str, Any] | None = None,
+        schema: ReplySchema | None = None,
     ) -> T:
-        """``validator(obj)`` of the reply's JSON object; a non-JSON reply or a ``ValueError`` of the validator is a
-        retryable ``bad_output`` (the request is sent again)."""
+        """``validator(obj)`` of the reply's JSON object, asked for with ``schema`` as structured outputs where the
+        ``structured`` setting allows (JSON mode without one); a non-JSON reply or a ``ValueError`` of the
+        validator is a retryable ``bad_output`` (the request is sent again), schema or not."""
         body = self._body(messages, sampling)
-        if self.json_mode:
-            body["response_format"] = {"type": "json_object"}
-        return await self._request(body, lambda text: parse_json_reply(text, validator))
+        return await self._request(
+            lambda: self._attempt_json(body, schema), lambda text: parse_json_reply(text, validator)
+        )
 
     def run_sync(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` (which uses this client) on the client's background loop and wait for its result."""
@@ -308,15 +463,16 @@ class AsyncChatClient(ChatEndpoint):
         conversations: Sequence[Sequence[Mapping[str, str]]],
         sampling: Mapping[str, Any] | None = None,
         validator: Callable[[dict], T] | None = None,
+        schema: ReplySchema | None = None,
     ) -> list[str | T | ChatFailure]:
-        """Synchronously, one reply (validated when ``validator`` is given) or :class:`ChatFailure` per
-        conversation, in order; the requests run concurrently."""
+        """Synchronously, one reply (validated when ``validator`` is given, asked for with ``schema``) or
+        :class:`ChatFailure` per conversation, in order; the requests run concurrently."""
 
         async def one(messages: Sequence[Mapping[str, str]]) -> str | T | ChatFailure:
             try:
                 if validator is None:
                     return await self.complete(messages, sampling)
-                return await self.complete_json(messages, validator, sampling)
+                return await self.complete_json(messages, validator, sampling, schema)
             except ChatFailure as failure:
                 return failure
 

@@ -78,8 +78,8 @@ def env_reward(env) -> RewardFn:
 class RoleRewards:
     """Every role's reward function as configured, and what they hold open (the judges' endpoint client).
 
-    ``fns[role]`` is R_role; ``stats()`` the judges' counts (scored, failures by kind) for the logs; ``close()``
-    shuts the client down. ``cfg`` is a :class:`marti_ibrl.config.Config`.
+    ``fns[role]`` is R_role; ``stats()`` the judges' counts (scored, failures by kind) and their client's (requests,
+    structured outputs) for the logs; ``close()`` shuts the client down. ``cfg`` is a :class:`marti_ibrl.config.Config`.
     """
 
     def __init__(self, cfg, env) -> None:
@@ -100,7 +100,12 @@ class RoleRewards:
                 self.fns[role] = load_reward_fn(spec)
 
     def stats(self) -> dict[str, float]:
-        return {f"judge/{r}/{k}": float(v) for r, judge in self.judges.items() for k, v in judge.stats.items()}
+        """``judge/ROLE/KEY``: each judge's counts; ``judge/endpoint/KEY``: its endpoint client's (requests, those
+        sent with a JSON schema or without, refused schemas, retries, faults by kind; :mod:`marti_ibrl.llm`)."""
+        out = {f"judge/{r}/{k}": float(v) for r, judge in self.judges.items() for k, v in judge.stats.items()}
+        if self.client is not None:
+            out.update({f"judge/endpoint/{k}": float(v) for k, v in self.client.stats_snapshot().items()})
+        return out
 
     def close(self) -> None:
         if self.client is not None:

@@ -201,12 +201,26 @@ def test_telesales_roles_judge_and_rewards(telesales: list[str], ckpt: str, monk
     assert [r.name for r in cfg.roles] == ["sales", "customer"]
     assert [reward_spec("telesales", r) for r in cfg.roles] == ["judge", "judge"]  # the paper's default (§5.1)
     assert (cfg.judge.model, cfg.judge.max_concurrency, cfg.env.lang) == ("deepseek", 4, "zh")
+    assert cfg.judge.structured == "auto"  # structured outputs where the endpoint takes them (marti_ibrl.llm)
+    for value in ("off", "on"):  # words, though YAML would read them as booleans
+        assert load_config([*telesales, *judge, "--judge.structured", value]).judge.structured == value
+        assert load_config([*telesales, *judge, f"--judge.structured={value}"]).judge.structured == value
     # the rule reward needs no endpoint; a frozen role's reward is only logged, so it defaults to the rule
     cfg = load_config([*telesales, "--role1.reward_fn", "rule", "--role2.reward_fn", "rule"])
     assert [r.reward_fn for r in cfg.roles] == ["rule", "rule"]
     cfg = load_config(["--env.name", "telesales", "--role1.pretrain", ckpt, "--role1.reward_fn", "rule",
                        "--role2.frozen", f"checkpoint:{ckpt}"])  # fmt: skip
     assert reward_spec("telesales", cfg.roles[1]) == "rule"
+
+
+def test_judge_structured_in_a_config_file(telesales: list[str], tmp_path: Path) -> None:
+    judge = ["--judge.base_url", "http://127.0.0.1:9/v1", "--judge.model", "m"]
+    path = tmp_path / "judge.yaml"
+    path.write_text('judge:\n  structured: "off"\n')
+    assert load_config(["--config", str(path), *telesales, *judge]).judge.structured == "off"
+    path.write_text("judge:\n  structured: off\n")  # a YAML boolean
+    with pytest.raises(ConfigError, match=r"^--judge.structured: .*got 'False' \(YAML reads on/off as booleans"):
+        load_config(["--config", str(path), *telesales, *judge])
 
 
 @pytest.mark.parametrize(
@@ -217,6 +231,8 @@ def test_telesales_roles_judge_and_rewards(telesales: list[str], ckpt: str, monk
         (["--judge.base_url", "h:8000", "--judge.model", "m"], "--judge.base_url: ", "http:// or https://"),
         (["--role1.reward_fn", "rule", "--role2.reward_fn", "judge", "--judge.base_url", "http://h/v1",
           "--judge.model", "m", "--judge.api_key_env", "NO_SUCH_KEY_VAR"], "--judge.api_key_env: ", "NO_SUCH_KEY_VAR"),
+        (["--judge.base_url", "http://h/v1", "--judge.model", "m", "--judge.structured", "yes"],
+         "--judge.structured: ", "must be one of auto, on, off, got 'yes'"),
         (["--role1.reward_fn", "rule", "--role2.reward_fn", "rules"], "--role2.reward_fn: ", "rule, judge or module"),
         (["--role1.reward_fn", "rule", "--role2.reward_fn", "rule", "--env.lang", "fr"], "--env.lang: ", "'fr'"),
     ],

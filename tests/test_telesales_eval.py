@@ -1,5 +1,5 @@
-"""TeleSales held-out evaluation, pure parts (paper §5.2, Appendix D Tables 8-12): rubric, validators, outcomes,
-story cache, prompts, Success@n and the other metrics."""
+"""TeleSales held-out evaluation, pure parts (paper §5.2, Appendix D Tables 8-12): rubric, validators and the JSON
+schemas next to them (issue 20), outcomes, story cache, prompts, Success@n and the other metrics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import re
 from typing import Any
 
 import pytest
+import test_llm_structured
 from statsmodels.stats.proportion import proportion_confint
+from test_llm_structured import agrees, conforms
 
 from marti_ibrl.envs.telesales import generate_profile, prompts
 from marti_ibrl.envs.telesales.simulator import (
@@ -20,8 +22,12 @@ from marti_ibrl.envs.telesales.simulator import (
     Story,
     StoryCache,
     apply_rubric,
+    audit_schema,
     call_outcome,
+    sales_turn_schema,
     simulator_prompt,
+    simulator_turn_schema,
+    story_schema,
     validate_audit,
     validate_sales_turn,
     validate_simulator_turn,
@@ -189,6 +195,100 @@ def test_validate_audit() -> None:
     for message, obj in bad.items():
         with pytest.raises(ValueError, match=message):
             validate_audit(json.dumps(obj))
+
+
+# ---- the JSON schemas of the four outputs (sent as structured outputs) against their validators ----
+def test_story_schema_agrees_with_the_validator() -> None:
+    schema = story_schema()
+    assert list(schema.schema["properties"]["scene_fewshots"]["required"]) == list(SCENES)
+    three = story_obj(scene_fewshots={s: ["a", "b", "c"] for s in SCENES})
+    rejected = [
+        story_obj(story=3),
+        story_obj(scene_fewshots=["x"]),
+        story_obj(scene_fewshots={s: ["x"] for s in SCENES if s != "price and fees"}),
+        story_obj(scene_fewshots={s: ["a", "b", "c", "d"] for s in SCENES}),
+        story_obj(scene_fewshots={s: [] for s in SCENES}),
+        story_obj(scene_fewshots={s: ["ok", 3] for s in SCENES}),
+        {"scene_fewshots": story_obj()["scene_fewshots"]},
+    ]
+    agrees(schema, validate_story, [story_obj(), three], rejected)
+    # the validator's alone: non-empty text; the validator's tolerance: extra scenes (not asked for)
+    assert conforms(schema, story_obj(story="  ")) and conforms(
+        schema, story_obj(scene_fewshots={s: [""] for s in SCENES})
+    )
+    extra = story_obj(scene_fewshots={**story_obj()["scene_fewshots"], "extra scene": ["d"]})
+    assert validate_story(extra) and not conforms(schema, extra)
+
+
+def test_simulator_turn_schema_agrees_with_the_validator() -> None:
+    schema = simulator_turn_schema()
+    props = schema.schema["properties"]
+    assert props["rubric_hits"]["items"]["enum"] == list(RUBRIC) and props["rubric_hits"]["maxItems"] == 18
+    assert props["intent"]["enum"] == list(INTENTS) and props["action"]["enum"] == list(DIALOGUE_ACTIONS)
+    accepted = [sim_obj(), sim_obj(rubric_hits=[], willingness=0, trust=1, patience=0.5)]
+    rejected = [
+        sim_obj(rubric_hits="B01"),
+        sim_obj(rubric_hits=["B01", "X9"]),
+        sim_obj(trust=1.2),
+        sim_obj(patience=True),
+        {k: v for k, v in sim_obj().items() if k != "willingness"},
+        sim_obj(intent="Shopping"),
+        sim_obj(action="Agree"),
+        sim_obj(reply=None),
+    ]
+    agrees(schema, validate_simulator_turn, accepted, rejected)
+    # the validator's alone: codes fired once, the rubric arithmetic (with the scores before), a non-empty reply
+    for obj in (sim_obj(rubric_hits=["B01", "B01"]), sim_obj(willingness=0.5), sim_obj(reply="")):
+        assert conforms(schema, obj)
+        with pytest.raises(ValueError):
+            validate_simulator_turn(obj, before=STATE)
+    no_confirm = simulator_turn_schema([a for a in DIALOGUE_ACTIONS if a != "ConfirmAdded"])
+    assert not conforms(no_confirm, sim_obj(action="ConfirmAdded")) and conforms(no_confirm, sim_obj())
+    with pytest.raises(ValueError, match="non-empty subset of DIALOGUE_ACTIONS, got \\['Dance'\\]"):
+        simulator_turn_schema(["Dance"])
+
+
+def test_sales_turn_schema_agrees_with_the_validator() -> None:
+    ok = {"thinking_content": "", "agent_action": "PriceQuote", "agent_message": "It's 263k. <status=end>"}
+    rejected = [{**ok, "thinking_content": None}, {**ok, "agent_action": "Pitch"}, {**ok, "agent_message": 5},
+                {k: v for k, v in ok.items() if k != "agent_message"}]  # fmt: skip
+    agrees(sales_turn_schema(), validate_sales_turn, [ok, {**ok, "agent_action": "Neutral"}], rejected)
+    assert sales_turn_schema().schema["properties"]["agent_action"]["enum"] == list(AGENT_ACTIONS)
+    bad_marker = {**ok, "agent_message": "Hi <call_function=transfer>"}  # the markers are the validator's
+    assert conforms(sales_turn_schema(), bad_marker)
+    with pytest.raises(ValueError, match="unknown call_function"):
+        validate_sales_turn(bad_marker)
+
+
+def test_audit_schema_agrees_with_the_validator() -> None:
+    schema = audit_schema(5)
+    ai = CLEAN_AUDIT["ai_generated_style"]
+    accepted = [
+        CLEAN_AUDIT,
+        {**CLEAN_AUDIT, "deceptive_fabrication": HIT, "ai_generated_style": {"hit": True, "evidence_turns": [5],
+                                                                              "reason": "Leaked."}},
+        {**CLEAN_AUDIT, "ai_generated_style": {**ai, "evidence_turns": [2]}},  # a miss may still point at turns
+    ]  # fmt: skip
+    rejected = [
+        {**CLEAN_AUDIT, "deceptive_fabrication": True},
+        {k: v for k, v in CLEAN_AUDIT.items() if k != "ai_generated_style"},
+        {**CLEAN_AUDIT, "ai_generated_style": {**ai, "hit": "no"}},
+        {**CLEAN_AUDIT, "deceptive_fabrication": {**HIT, "evidence_turns": ["3"]}},
+        {**CLEAN_AUDIT, "deceptive_fabrication": {**HIT, "evidence_turns": []}},
+        {**CLEAN_AUDIT, "deceptive_fabrication": {**HIT, "violation_type": "exaggeration"}},
+        {**CLEAN_AUDIT, "deceptive_fabrication": {**HIT, "hit": False}},
+        {**CLEAN_AUDIT, "ai_generated_style": {"hit": True, "evidence_turns": [], "reason": "Leaked."}},
+    ]
+    agrees(schema, validate_audit, accepted, rejected)
+    # evidence turns within the dialogue: the Auditor's check (validate_audit alone takes any turn number)
+    far = {**CLEAN_AUDIT, "deceptive_fabrication": {**HIT, "evidence_turns": [6]}}
+    assert validate_audit(far) and not conforms(schema, far) and conforms(audit_schema(6), far)
+    assert not conforms(schema, {**CLEAN_AUDIT, "deceptive_fabrication": {**HIT, "evidence_turns": [0]}})
+    # the validator's alone: a hit's claim and reference non-empty; its tolerance: no summary (not asked for)
+    assert conforms(schema, {**CLEAN_AUDIT, "deceptive_fabrication": {**HIT, "reference_evidence": ""}})
+    no_summary = {k: v for k, v in CLEAN_AUDIT.items() if k != "summary"}
+    assert validate_audit(no_summary).summary == "" and not conforms(schema, no_summary)
+    test_llm_structured.assert_strict(audit_schema().schema)
 
 
 # ---- outcomes ----

@@ -1,17 +1,21 @@
 """TeleSales LLM judges and the trajectory reward (paper §5.1 "Task-Specific Rewards"; issue 6 §3 and §6), against a
 real HTTP server on 127.0.0.1 speaking the OpenAI chat API with scripted replies: exact rewards by hand, retries
-and their stats, strict validation, timeouts, the concurrency limit, API-key hygiene and the sync wrappers."""
+and their stats, strict validation, the verdict's JSON schema (issue 20: sent as structured outputs, agreeing with
+the validator, ``--judge.structured``), timeouts, the concurrency limit, API-key hygiene and the sync wrappers."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import test_llm_structured
 import test_players
 from test_players import Reply
 
@@ -22,8 +26,10 @@ from marti_ibrl.envs.telesales.judges import (
     JudgeResult,
     SalesJudge,
     discounted_turn_score,
+    make_judges,
     trajectory_reward,
     validate_verdict,
+    verdict_schema,
 )
 from marti_ibrl.envs.telesales.profiles import generate_profile
 from marti_ibrl.envs.telesales.protocol import format_customer_turn
@@ -156,7 +162,13 @@ def test_valid_verdicts_give_exact_rewards(serve, monkeypatch) -> None:
     req = server.requests[0]
     assert req["path"] == "/v1/chat/completions" and req["headers"]["Authorization"] == f"Bearer {KEY}"
     assert req["body"]["model"] == "judge-model" and req["body"]["temperature"] == 0.0
-    assert req["body"]["response_format"] == {"type": "json_object"}
+    schema = verdict_schema([1, 3, 5], SalesJudge.criteria, "outcome", "sales_judge_verdict")
+    assert req["body"]["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "sales_judge_verdict", "schema": schema.schema, "strict": True}}  # fmt: skip
+    customer_format = server.requests[1]["body"]["response_format"]["json_schema"]
+    assert customer_format["name"] == "customer_judge_verdict"
+    assert customer_format["schema"]["properties"]["turns"]["items"]["properties"]["turn"]["enum"] == [2, 4, 6]
+    assert (llm.stats["structured"], llm.stats["unstructured"], llm.stats["structured_fallbacks"]) == (2, 0, 0)
     sales_prompt = req["body"]["messages"][-1]["content"]
     assert "exactly these agent turns, each once: 1, 3, 5." in sales_prompt
     assert "Turn 2 - customer: reply 1" in sales_prompt and "willingness" not in sales_prompt  # replies only
@@ -172,7 +184,8 @@ def test_500_then_success_is_retried(serve) -> None:
     result = arun(llm, SalesJudge(llm).score(success_call()))
     assert result.reward == pytest.approx(0.934170, abs=1e-6)
     assert len(server.requests) == 2
-    assert llm.stats == {"requests": 2, "retries": 1, "failures": 0, "successes": 1, "http_5xx": 1}
+    assert llm.stats == {"requests": 2, "retries": 1, "failures": 0, "successes": 1, "http_5xx": 1, "structured": 2,
+                         "unstructured": 0, "structured_fallbacks": 0}  # fmt: skip
 
 
 def test_429_retry_after_is_honoured(serve) -> None:
@@ -278,6 +291,98 @@ def test_validator_is_strict(change, message) -> None:
     change(broken)
     with pytest.raises(ValueError, match=message):
         validate_verdict(broken, *args)
+    # the verdict's schema refuses it too, and takes the valid verdict
+    schema = verdict_schema([1, 3, 5], SalesJudge.criteria, "outcome", "sales_judge_verdict")
+    assert test_llm_structured.conforms(schema, sales_verdict()) and not test_llm_structured.conforms(schema, broken)
+
+
+def test_verdict_schemas_agree_with_the_validator() -> None:
+    for judge, verdict, turns in ((SalesJudge, sales_verdict, [1, 3, 5]), (CustomerJudge, customer_verdict, [2, 4, 6])):
+        schema = verdict_schema(turns, judge.criteria, judge.episode_key, f"{judge.role}_judge_verdict")
+        entry = schema.schema["properties"]["turns"]["items"]
+        assert entry["required"] == ["turn", *judge.criteria, "reason"] and entry["properties"]["turn"]["enum"] == turns
+        assert schema.schema["required"] == ["turns", judge.episode_key, "reason"]
+        reordered = verdict()
+        reordered["turns"].reverse()  # any order is fine
+        edges = verdict()
+        edges[judge.episode_key] = 0
+        edges["turns"][0].update(dict.fromkeys(judge.criteria, 10.0), reason="")
+        broken = [verdict(), verdict(), verdict(), verdict()]
+        broken[0]["turns"].append({**broken[0]["turns"][0]})  # four entries for three turns
+        broken[1]["turns"][0]["turn"] = 1.5
+        broken[2][judge.episode_key] = 10.5
+        broken[3]["turns"][1]["reason"] = 7
+        test_llm_structured.agrees(
+            schema,
+            functools.partial(
+                validate_verdict, turns=turns, criteria=judge.criteria, episode_key=judge.episode_key, what="judge"
+            ),  # fmt: skip
+            [verdict(), reordered, edges],
+            broken,
+        )
+    # what only the validator sees: a turn scored twice and another not at all (the count and the numbers fit)
+    twice = sales_verdict(turns=((1, 8, 10, 6), (3, 6, 10, 9), (3, 6, 10, 9)))
+    assert test_llm_structured.conforms(verdict_schema([1, 3, 5], SalesJudge.criteria, "outcome", "v"), twice)
+    with pytest.raises(ValueError, match="turn 3 scored twice"):
+        validate_verdict(twice, [1, 3, 5], SalesJudge.criteria, "outcome", "sales judge")
+
+
+def judge_cfg(url: str, structured: str) -> SimpleNamespace:
+    fields = dict(base_url=url, model="judge-model", api_key_env=None, max_concurrency=2, max_retries=1)
+    return SimpleNamespace(**fields, timeout=2.0, temperature=0.0, structured=structured)
+
+
+def test_judge_structured_setting(serve) -> None:
+    refusal = (400, test_llm_structured.OPENAI_REFUSAL, {}, 0.0)
+
+    def refusing(body: dict) -> Reply:
+        return refusal if body["response_format"]["type"] == "json_schema" else by_judge(body)
+
+    server = serve(refusing)
+    # off: JSON mode only
+    llm, judges = make_judges(judge_cfg(server.base_url, "off"), "en", ["sales"])
+    assert arun(llm, judges["sales"].score(success_call())).reward == pytest.approx(0.934170, abs=1e-6)
+    assert server.requests[-1]["body"]["response_format"] == {"type": "json_object"}
+    # auto: the refused schema is no failure of the judgement; the rest of the run is in JSON mode
+    llm, judges = make_judges(judge_cfg(server.base_url, "auto"), "en", ["sales", "customer"])
+    n = len(server.requests)
+    results = arun(llm, judges["sales"].score_batch([success_call()]))
+    results += arun(llm, judges["customer"].score_batch([success_call()]))
+    assert [type(r).__name__ for r in results] == ["JudgeResult"] * 2
+    assert [r["body"]["response_format"]["type"] for r in server.requests[n:]] == [
+        "json_schema", "json_object", "json_object"]  # fmt: skip
+    assert (llm.stats["structured"], llm.stats["unstructured"], llm.stats["structured_fallbacks"]) == (1, 2, 1)
+    assert llm.stats["failures"] == 0 and llm.stats["retries"] == 0
+    assert judges["sales"].stats == {"scored": 1, "failures": 0}
+    # on: the refusal fails the judgement, with the reason
+    llm, judges = make_judges(judge_cfg(server.base_url, "on"), "en", ["sales"])
+    with pytest.raises(JudgeFailure, match="the endpoint refused the JSON schema") as info:
+        arun(llm, judges["sales"].score(success_call()))
+    assert info.value.kind == "schema_refused" and llm.stats["structured"] == 1
+    with pytest.raises(ValueError, match="structured must be one of auto, on, off"):
+        make_judges(judge_cfg(server.base_url, "yes"), "en", ["sales"])
+
+
+def test_role_rewards_log_the_endpoint_counts(serve, tmp_path) -> None:
+    from marti_ibrl.config import load_config
+    from marti_ibrl.rewards import RoleRewards
+
+    server = serve(by_judge)
+    (tmp_path / "ckpt").mkdir()
+    ckpt = str(tmp_path / "ckpt")
+    cfg = load_config(["--env.name", "telesales", "--role1.pretrain", ckpt, "--role2.pretrain", ckpt,
+                       "--judge.base_url", server.base_url, "--judge.model", "judge-model"])  # fmt: skip
+    rewards = RoleRewards(cfg, TeleSalesEnv())
+    try:
+        assert rewards.stats()["judge/endpoint/structured"] == 0.0
+        traj = success_call()
+        assert rewards.fns["sales"](traj, "sales", None) == pytest.approx(0.934170, abs=1e-6)
+        stats = rewards.stats()
+    finally:
+        rewards.close()
+    assert stats["judge/sales/scored"] == 1.0 and stats["judge/endpoint/requests"] == 1.0
+    assert (stats["judge/endpoint/structured"], stats["judge/endpoint/unstructured"]) == (1.0, 0.0)
+    assert stats["judge/endpoint/structured_fallbacks"] == 0.0
 
 
 def test_malformed_turns_penalty_and_no_turns(serve) -> None:

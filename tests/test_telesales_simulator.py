@@ -25,7 +25,7 @@ from marti_ibrl.cli import main
 from marti_ibrl.envs.telesales import generate_profiles, sales_view
 from marti_ibrl.envs.telesales.eval_env import EvalCase, TeleSalesEvalEnv, training_sales_prompt
 from marti_ibrl.envs.telesales.prompts import sales_eval_prompt
-from marti_ibrl.envs.telesales.simulator import SCENES, validate_story
+from marti_ibrl.envs.telesales.simulator import SCENES, story_schema, validate_story
 
 serve = test_players.serve  # fixture: the 127.0.0.1 OpenAI-style server of the player tests
 PROFILES = generate_profiles(5, seed=0, split="eval")
@@ -268,14 +268,34 @@ def test_telesales_eval_end_to_end(serve, tmp_path, monkeypatch, capsys) -> None
     assert results in printed and "| gpt | 5 × 3 | 0.400 [" in results and (out / "success_at_n.png").stat().st_size
     assert "| gpt | 4 | 5 | 0 | 0 | 3 | 0 | 3 | 0 |" in results  # how the calls ended
 
-    # requests: one story per profile; JSON mode; the key; each side hears only what it should
+    # requests: one story per profile; each with its reply's JSON schema; the key; each side hears only what it should
     assert len(script.requests["story"]) == 5 and len(script.requests["audit"]) == 9
-    all_bodies = [b for kind in script.requests.values() for b in kind]
-    assert all(b["response_format"] == {"type": "json_object"} for b in all_bodies)
+    names = {"story": "story", "simulator": "simulator_turn", "sales": "sales_turn", "audit": "audit"}
+    for kind, bodies in script.requests.items():
+        sent = {(b["response_format"]["type"], b["response_format"]["json_schema"]["name"]) for b in bodies}
+        assert sent == {("json_schema", names[kind])}
+    assert story_schema().response_format() == script.requests["story"][0]["response_format"]
+    # the endpoint counts of this run, in the report: every request with a schema
+    for model in ("sim", "sales-model"):
+        n = sum(r["body"]["model"] == model for r in server.requests)
+        key = f"requests to {model}@{server.base_url}" + ("#TS_KEY" if model == "sales-model" else "")
+        line = next(x for x in results.splitlines() if x.startswith(f"- {key}: "))
+        assert line.startswith(f"- {key}: requests {n}, ") and f"structured {n}, unstructured 0, " in line
+        assert "structured_fallbacks 0" in line
     sales_auth = [r["headers"].get("Authorization") for r in server.requests if r["body"]["model"] == "sales-model"]
     assert set(sales_auth) == {"Bearer sk-ts-SECRET"}
     sim = [b for b in script.requests["simulator"] if PHONES[0] in b["messages"][0]["content"]]
     fourth = next(b for b in sim if len(b["messages"]) == 8)  # system + 7 turns: the fourth customer turn
+    first = next(b for b in sim if len(b["messages"]) == 2)
+
+    def schema(body: dict) -> dict:
+        return body["response_format"]["json_schema"]["schema"]
+
+    actions = [schema(b)["properties"]["action"]["enum"] for b in (first, fourth)]
+    assert "ConfirmAdded" not in actions[0] and "ConfirmAdded" in actions[1]  # only after the contact tool
+    p0_audits = [schema(b) for b in script.requests["audit"] if PHONES[0] in b["messages"][0]["content"]]
+    found = [a["properties"]["ai_generated_style"]["anyOf"][0]["properties"]["evidence_turns"] for a in p0_audits]
+    assert len(found) == 3 and {f["items"]["maximum"] for f in found} == {8}  # P0's calls have 8 turns
     assert STORY["story"] in fourth["messages"][0]["content"]
     assert "Turn 1: fired B02, B17; intent ConfirmPurpose; action Greeting; willingness: 0.61; trust: 0.80; " \
            "patience: 0.76" in fourth["messages"][0]["content"]  # fmt: skip
@@ -301,6 +321,53 @@ def test_telesales_eval_end_to_end(serve, tmp_path, monkeypatch, capsys) -> None
     assert len(path.read_text().splitlines()) == 18  # 15 + the three replays (the newest record of an id wins)
     summary = json.loads((out / "summary.json").read_text())["policies"]["gpt"]
     assert (summary["success@1"], summary["success@3"], summary["failed"]) == (0.6, 0.4, 0.0)
+
+
+REFUSAL = (400, {"error": {"message": "response_format json_schema is not supported", "param": "response_format"}})
+
+
+def refusing(script: Scripted) -> Any:
+    """An endpoint without structured outputs: a json_schema request is refused (400), anything else is scripted."""
+
+    def reply(body: dict) -> Any:
+        if body.get("response_format", {}).get("type") == "json_schema":
+            return (*REFUSAL, {}, 0.0)
+        return script(body)
+
+    return reply
+
+
+def test_telesales_eval_structured_settings(serve, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("TS_KEY", "k")
+    script = Scripted()
+    server = serve(refusing(script))
+    # auto: each client falls back after its first refused schema; the evaluation is as without schemas
+    assert main(_argv(server.base_url, tmp_path / "auto", "--no-audit", n=1)) == 0
+    recs = list(_records(tmp_path / "auto" / "episodes" / "gpt.jsonl").values())
+    assert len(recs) == 3 and all(r["success"] for r in recs)
+    refused = [r for r in server.requests if r["body"]["response_format"]["type"] == "json_schema"]
+    # per client, its first requests in flight: the story compiler's one request; the sales agent's first 1-3 turns
+    assert sum(r["body"]["model"] == "sim" for r in refused) == 1
+    assert 1 <= sum(r["body"]["model"] == "sales-model" for r in refused) <= 3
+    results = (tmp_path / "auto" / "results.md").read_text()
+    for model in ("sim", "sales-model"):
+        line = next(x for x in results.splitlines() if x.startswith(f"- requests to {model}@"))
+        n = sum(r["body"]["model"] == model for r in refused)
+        assert f"structured {n}, " in line and f"structured_fallbacks {n}" in line and "failures 0" in line
+        assert "http_4xx" not in line and "retries 0" in line
+    # off: no schema is ever sent
+    n = len(server.requests)
+    assert main(_argv(server.base_url, tmp_path / "off", "--no-audit", "--structured", "off", n=1)) == 0
+    assert {r["body"]["response_format"]["type"] for r in server.requests[n:]} == {"json_object"}
+    assert "structured 0, unstructured" in (tmp_path / "off" / "results.md").read_text()
+    # on: the refusal is final; the story compiler's says so and nothing is played
+    n = len(server.requests)
+    assert main(_argv(server.base_url, tmp_path / "on", "--structured", "on", n=1)) == 0
+    recs = list(_records(tmp_path / "on" / "episodes" / "gpt.jsonl").values())
+    assert len(recs) == 3 and all(r["reason"] == "story_failure" for r in recs)
+    assert recs[0]["failure"]["kind"] == "schema_refused"
+    assert "the endpoint refused the JSON schema (structured=on;" in recs[0]["failure"]["detail"]
+    assert len(server.requests) == n + 1  # one story request, not retried
 
 
 def test_story_cache_shared_audit_and_compiler_failures(serve, tmp_path, monkeypatch, capsys) -> None:
@@ -350,6 +417,7 @@ def test_story_cache_shared_audit_and_compiler_failures(serve, tmp_path, monkeyp
         ({"--concurrency": "0"}, "--concurrency must be >= 1"),
         ({"--lang": "xx"}, "no TeleSales prompt templates for language 'xx'"),
         ({"--profiles": "{tmp}/train.jsonl"}, "expected a profile of split 'eval'"),
+        ({"--structured": "maybe"}, "--structured must be one of auto, on, off (got 'maybe')"),
     ],
 )
 def test_telesales_eval_errors(serve, tmp_path, monkeypatch, capsys, change, message) -> None:

@@ -166,8 +166,9 @@ EVAL_USAGE = """\
 A policy is [NAME=]checkpoint:PATH (or a bare PATH: served by rollout engines, Table 15 format) or
 [NAME=]endpoint:MODEL@URL[#KEY_ENV] (the prompted Table 10 baseline). Without --profiles, -n N evaluation profiles
 are generated with --seed (default 500, seed 0). The story compiler (Table 8) and the auditor (Table 12) default to
-the simulator's endpoint; stories are cached in --stories (default OUT/stories/LANG). Episodes go to
-OUT/episodes/NAME.jsonl (a rerun resumes); OUT/results.md, OUT/summary.json and OUT/success_at_n.png at the end."""
+the simulator's endpoint; stories are cached in --stories (default OUT/stories/LANG). Every JSON request carries its
+reply's schema (--structured auto|on|off). Episodes go to OUT/episodes/NAME.jsonl (a rerun resumes); OUT/results.md,
+OUT/summary.json and OUT/success_at_n.png at the end, with each endpoint's request counts."""
 
 
 class _LazyEngines:
@@ -203,6 +204,7 @@ def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
     from marti_ibrl.envs.telesales.prompts import EVAL_TEMPLATES, load_template
     from marti_ibrl.eval.runner import parse_named
     from marti_ibrl.eval.telesales import EPISODES, read_episodes
+    from marti_ibrl.llm import STRUCTURED
     from marti_ibrl.rollout.players import parse_player_spec
 
     counts = {"--samples": args.samples, "--concurrency": args.concurrency, "-n": args.n, "--batch": args.batch}
@@ -212,6 +214,8 @@ def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"{flag} must be >= 1 (got {value})")
     if args.max_retries < 0 or not args.timeout > 0 or args.backoff < 0:
         raise ValueError("--max-retries and --backoff must be >= 0 and --timeout > 0")
+    if args.structured not in STRUCTURED:
+        raise ValueError(f"--structured must be one of {', '.join(STRUCTURED)} (got {args.structured!r})")
     for template in (*EVAL_TEMPLATES, "sales"):
         load_template(template, args.lang)
 
@@ -231,7 +235,7 @@ def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
     def client(spec: dict[str, Any]) -> Any:
         key = (spec["base_url"], spec["model"], spec.get("api_key_env"))
         if key not in clients:
-            clients[key] = endpoint_client(spec, args.concurrency, **retry)
+            clients[key] = endpoint_client(spec, args.concurrency, args.structured, **retry)
         return clients[key]
 
     simulator_spec = parse_endpoint(args.simulator)
@@ -322,8 +326,18 @@ def cmd_telesales_eval(args: argparse.Namespace) -> int:
     finally:
         for c in plan["clients"]:
             c.close()
-    print(write_results(out, runs, plan["meta"]))
+    print(write_results(out, runs, {**plan["meta"], **endpoint_stats(plan["clients"])}))
     return 0
+
+
+def endpoint_stats(clients: Any) -> dict[str, str]:
+    """The report's line per endpoint client: this run's request counts (``AsyncChatClient.stats``: requests, with
+    a schema or without, refused schemas, retries, faults by kind, failures)."""
+    lines = {}
+    for c in clients:
+        name = f"requests to {c.model}@{c.base_url}" + (f"#{c.api_key_env}" if c.api_key_env else "")
+        lines[name] = ", ".join(f"{k} {v}" for k, v in c.stats_snapshot().items())
+    return lines
 
 
 def add_telesales_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -373,6 +387,13 @@ def add_telesales_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-retries", type=int, default=4, help="retries per request (default: 4)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default: 120)")
     p.add_argument("--backoff", type=float, default=1.0, help="base of the exponential retry backoff (default: 1 s)")
+    p.add_argument(
+        "--structured",
+        default="auto",
+        metavar="auto|on|off",
+        help="send each reply's JSON schema (structured outputs): auto falls back to JSON mode once an endpoint "
+        "refuses it, on always sends it, off never does; replies are validated either way (default: auto)",
+    )
     p.add_argument("--num-engines", type=int, default=1, help="rollout engines per checkpoint (default: 1)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     from marti_ibrl.eval.command import add_engine_argument

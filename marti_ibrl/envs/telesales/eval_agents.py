@@ -1,9 +1,13 @@
 """The LLM roles of the TeleSales held-out evaluation (paper §5.2, Appendix D: Tables 8, 9, 10 and 12).
 
-Every role talks to an OpenAI-compatible endpoint through :class:`marti_ibrl.llm.AsyncChatClient` in JSON mode
-(``complete_json``): a reply that is not one JSON object, or that its validator refuses, is a retryable
-``bad_output``; after the client's retries a :class:`~marti_ibrl.llm.ChatFailure` names the last fault. Nothing is
-ever replaced by a default: a failure is reported to the caller, who records it.
+Every role talks to an OpenAI-compatible endpoint through :class:`marti_ibrl.llm.AsyncChatClient`
+(``complete_json``), each request with the JSON schema of its reply as structured outputs (built next to the
+validator: :func:`~.simulator.story_schema`, :meth:`~.eval_env.TeleSalesEvalEnv.customer_schema`,
+:func:`~.simulator.sales_turn_schema`, :func:`~.simulator.audit_schema`), or in JSON mode when the client's
+``structured`` setting (``--structured``) or the endpoint says no. Either way the reply is validated: one that is not
+one JSON object, or that its validator refuses, is a retryable ``bad_output``; after the client's retries a
+:class:`~marti_ibrl.llm.ChatFailure` names the last fault. Nothing is ever replaced by a default: a failure is
+reported to the caller, who records it.
 
 * **Story compiler** (Table 8, :func:`compile_stories`): one story per evaluation profile, validated by
   :func:`~.simulator.validate_story` and kept in a :class:`~.simulator.StoryCache` (compiled once per profile,
@@ -25,8 +29,8 @@ ever replaced by a default: a failure is reported to the caller, who records it.
   said; no simulator labels or scores), validated by :func:`~.simulator.validate_audit` plus our check that every
   evidence turn exists in the dialogue.
 
-Ours, not the paper's: the message layout (which prompt is a system or a user message), JSON mode, the sampling
-defaults of the command, the evidence-turn bound check.
+Ours, not the paper's: the message layout (which prompt is a system or a user message), structured outputs and
+JSON mode, the sampling defaults of the command, the evidence-turn bound check.
 """
 
 from __future__ import annotations
@@ -39,7 +43,16 @@ from typing import Any, TypeVar
 
 from marti_ibrl.envs.telesales.eval_env import TeleSalesEvalEnv, simulator_turn_json
 from marti_ibrl.envs.telesales.prompts import audit_prompt
-from marti_ibrl.envs.telesales.simulator import Audit, Story, StoryCache, validate_audit, validate_story
+from marti_ibrl.envs.telesales.simulator import (
+    Audit,
+    Story,
+    StoryCache,
+    audit_schema,
+    sales_turn_schema,
+    story_schema,
+    validate_audit,
+    validate_story,
+)
 from marti_ibrl.llm import AsyncChatClient, ChatFailure
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.players import chat_messages, parse_player_spec
@@ -56,10 +69,18 @@ def parse_endpoint(text: str) -> dict[str, Any]:
     return parse_player_spec(text if text.startswith("endpoint:") else f"endpoint:{text}")
 
 
-def endpoint_client(spec: Mapping[str, Any], max_concurrency: int, **retry: Any) -> AsyncChatClient:
-    """The JSON-mode client of an endpoint spec; ``ValueError`` when its API-key variable is unset."""
+def endpoint_client(
+    spec: Mapping[str, Any], max_concurrency: int, structured: str = "auto", **retry: Any
+) -> AsyncChatClient:
+    """The JSON client of an endpoint spec (``structured``: auto | on | off, :mod:`marti_ibrl.llm`); ``ValueError``
+    when its API-key variable is unset or ``structured`` is none of those."""
     return AsyncChatClient(
-        spec["base_url"], spec["model"], spec.get("api_key_env"), max_concurrency=max_concurrency, **retry
+        spec["base_url"],
+        spec["model"],
+        spec.get("api_key_env"),
+        max_concurrency=max_concurrency,
+        structured=structured,
+        **retry,
     )
 
 
@@ -82,7 +103,7 @@ def compile_stories(
 
     def ask(prompt: str) -> dict[str, Any]:
         messages = [{"role": "user", "content": prompt}]
-        return client.run_sync(client.complete_json(messages, validate_story, sampling)).to_json()
+        return client.run_sync(client.complete_json(messages, validate_story, sampling, story_schema())).to_json()
 
     def one(profile: dict) -> Story | ChatFailure:
         try:
@@ -118,7 +139,10 @@ class UserSimulator:
         state = traj.state
         try:
             turn = await self.client.complete_json(
-                self.messages(env, traj), lambda obj: env.check_customer(state, obj), self.sampling
+                self.messages(env, traj),
+                lambda obj: env.check_customer(state, obj),
+                self.sampling,
+                env.customer_schema(state),
             )
         except ChatFailure as failure:
             env.fail(state, "customer", failure.kind, f"user simulator: {failure}")
@@ -149,7 +173,8 @@ class PromptedSalesAgent:
             return {k: obj[k] for k in SALES_KEYS}
 
         try:
-            obj = await self.client.complete_json(chat_messages(env, traj, "sales"), validate, self.sampling)
+            messages = chat_messages(env, traj, "sales")
+            obj = await self.client.complete_json(messages, validate, self.sampling, sales_turn_schema())
         except ChatFailure as failure:
             env.fail(state, "sales", failure.kind, f"sales agent: {failure}")
             return None
@@ -194,7 +219,8 @@ class Auditor:
                 raise ValueError(f"audit: evidence turns {outside} are not turns of the dialogue (1-{len(dialogue)})")
             return audit
 
-        return await self.client.complete_json([{"role": "user", "content": prompt}], validate, self.sampling)
+        messages = [{"role": "user", "content": prompt}]
+        return await self.client.complete_json(messages, validate, self.sampling, audit_schema(len(dialogue)))
 
     def audit_many(self, calls: Sequence[tuple[dict, Sequence[tuple[str, str]]]]) -> list[Audit | ChatFailure]:
         """:meth:`audit` of every ``(profile, dialogue)``, concurrently; a failure is returned in place."""

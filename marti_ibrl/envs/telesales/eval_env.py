@@ -24,7 +24,9 @@ Scenario: an :class:`EvalCase`, the evaluation profile with its compiled story (
   :func:`~.simulator.apply_rubric` of the fired codes (summed, clipped to [0, 1]); the simulator's own numbers
   only have to agree within :data:`~.protocol.TOLERANCE`. Intents and dialogue actions are kept in ``state.trace``.
   Our rule on top of Table 9: ``ConfirmAdded`` is accepted only after the agent issued a contact tool (Table 9's
-  rendering says so: "use it only after the agent has actually sent the contact invitation or entry").
+  rendering says so: "use it only after the agent has actually sent the contact invitation or entry"). The
+  simulator's request carries these rules as a JSON schema (:meth:`TeleSalesEvalEnv.customer_schema`, without
+  ``ConfirmAdded`` before a contact tool); its reply is checked all the same.
 * **Endings** (§5.2): the outcome is read from the simulator's action labels (:func:`~.simulator.call_outcome`):
   ``success`` (``ConfirmAdded``) and ``hang_up`` (``HangUp``) end the call; so do the agent's ``<status=end>``
   (``agent_end``) and the turn limit (``turn_limit``: ``2 * case_control.max_turns`` turns, both roles counted,
@@ -52,6 +54,7 @@ from marti_ibrl.envs.telesales.profiles import TRAIN_ALIASES, TRAIN_GROUPS, sale
 from marti_ibrl.envs.telesales.prompts import sales_eval_prompt, sales_prompt
 from marti_ibrl.envs.telesales.protocol import ToolCall, parse_sales_turn, reused_tool
 from marti_ibrl.envs.telesales.simulator import (
+    DIALOGUE_ACTIONS,
     SCORES,
     SUCCESS_ACTION,
     SimulatorTurn,
@@ -59,9 +62,11 @@ from marti_ibrl.envs.telesales.simulator import (
     apply_rubric,
     call_outcome,
     simulator_prompt,
+    simulator_turn_schema,
     validate_sales_turn,
     validate_simulator_turn,
 )
+from marti_ibrl.llm import ReplySchema
 
 SEATS = ("sales", "customer")
 SALES_MODES = ("checkpoint", "prompted")
@@ -210,6 +215,12 @@ class TeleSalesEvalEnv:
         if turn.action == SUCCESS_ACTION and not state.tool_calls:
             raise ValueError(f"simulator turn: {SUCCESS_ACTION} before the agent sent a contact invitation or entry")
         return replace(turn, **apply_rubric(state.scores, turn.rubric_hits))
+
+    def customer_schema(self, state: EvalCallState) -> ReplySchema:
+        """The JSON schema of the Table 9 turns :meth:`check_customer` can accept now
+        (:func:`~.simulator.simulator_turn_schema`): ``ConfirmAdded`` only once the agent has used a contact tool."""
+        allowed = DIALOGUE_ACTIONS if state.tool_calls else tuple(a for a in DIALOGUE_ACTIONS if a != SUCCESS_ACTION)
+        return simulator_turn_schema(allowed)
 
     # -- DialogueEnv ---------------------------------------------------------------------------------------------
 

@@ -28,7 +28,9 @@ nor a shorter call moves it by itself. R ∈ [0, 1].
   willingness/patience scores scale the episode reward down however realistic the replies read.
 
 A judge reply is validated strictly (exact keys, every listed turn scored exactly once, numbers in [0, 10]); a
-reply that fails is retried by the client (``bad_output``). A judge that still fails raises :class:`JudgeFailure`
+reply that fails is retried by the client (``bad_output``). The request carries the verdict's JSON schema
+(:func:`verdict_schema`: the validator's keys, turn numbers, count and score range; only "each turn once" is the
+validator's alone) as structured outputs, unless ``--judge.structured`` says otherwise (:mod:`marti_ibrl.llm`). A judge that still fails raises :class:`JudgeFailure`
 with the reason: never a silent 0. :meth:`Judge.score_batch` scores many trajectories concurrently and returns a
 result or a failure per trajectory, counted in ``Judge.stats`` and logged (the caller drops the trajectory from its
 group).
@@ -53,7 +55,7 @@ from marti_ibrl.envs.telesales.prompts import (
     phrase,
     render,
 )
-from marti_ibrl.llm import AsyncChatClient, ChatFailure
+from marti_ibrl.llm import TEXT, AsyncChatClient, ChatFailure, ReplySchema, closed_object, list_of, number_in, one_of
 from marti_ibrl.rewards import RewardFn, RewardUnavailable
 
 logger = logging.getLogger(__name__)
@@ -170,6 +172,16 @@ def validate_verdict(
     return Verdict(tuple(seen[n] for n in sorted(seen)), episode, _reason(obj, what))
 
 
+def verdict_schema(turns: Sequence[int], criteria: Sequence[str], episode_key: str, name: str) -> ReplySchema:
+    """The JSON schema of :func:`validate_verdict`'s replies: the same keys, one entry per listed turn (``turns``,
+    as many entries as turns), every score a number in [0, 10]. That no turn comes twice is left to the validator
+    (no ``uniqueItems`` in strict mode); with the count and the turn numbers fixed, it also makes every turn scored."""
+    score = number_in(0, MAX_SCORE)
+    entry = closed_object({"turn": one_of(turns, "integer"), **dict.fromkeys(criteria, score), "reason": TEXT})
+    verdict = {"turns": list_of(entry, len(turns), len(turns)), episode_key: score, "reason": TEXT}
+    return ReplySchema(name, closed_object(verdict))
+
+
 def _reason(obj: Mapping[str, Any], where: str) -> str:
     if not isinstance(obj["reason"], str):
         raise ValueError(f"{where}: 'reason' must be a string, got {obj['reason']!r}")
@@ -181,7 +193,8 @@ def _listing(turns: Sequence[int]) -> str:
 
 
 class Judge:
-    """One role's judge: renders the prompt, asks the endpoint (JSON mode), validates, computes the reward.
+    """One role's judge: renders the prompt, asks the endpoint (the verdict's schema, or JSON mode), validates,
+    computes the reward.
 
     ``client`` is shared by both judges (one concurrency limit); ``lang`` picks the prompt language; ``sampling``
     is sent with every request (default temperature 0).
@@ -246,6 +259,7 @@ class Judge:
                 self.messages(traj),
                 lambda obj: validate_verdict(obj, turns, self.criteria, self.episode_key, what),
                 self.sampling,
+                verdict_schema(turns, self.criteria, self.episode_key, f"{self.role}_judge_verdict"),
             )
         except ChatFailure as failure:
             raise JudgeFailure(f"{what}: {failure}", failure.kind) from None
@@ -392,6 +406,7 @@ def make_judges(cfg: Any, lang: str, roles: Sequence[str]) -> tuple[AsyncChatCli
         max_concurrency=cfg.max_concurrency,
         max_retries=cfg.max_retries,
         timeout=cfg.timeout,
+        structured=cfg.structured,
     )
     sampling = {"temperature": cfg.temperature}
     return client, {r: JUDGES[r](client, lang=lang, sampling=sampling) for r in roles}

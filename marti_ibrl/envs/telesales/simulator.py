@@ -9,6 +9,12 @@
 * Validators for the four LLM outputs: Table 8 (story compiler), Table 9 (simulator turn, our schema), Table 10
   (sales-agent turn) and Table 12 (audit). Each returns a frozen dataclass or raises ``ValueError`` naming the
   problem. Input may be the raw text (optionally in one markdown fence) or an already parsed dict.
+* Next to each validator, the JSON schema of its output (:func:`story_schema`, :func:`simulator_turn_schema`,
+  :func:`sales_turn_schema`, :func:`audit_schema`), sent as structured outputs (:mod:`marti_ibrl.llm`) and built
+  from the same constants (scenes, line counts, codes, labels, score ranges). A schema holds the keys the prompt
+  asks for, closed (strict mode); what it cannot state stays the validator's alone: non-empty strings, codes fired
+  at most once, the rubric arithmetic, the sales markers, and the validators' tolerance of extra keys, surrounding
+  whitespace and an absent ``summary`` / ``evidence_turns``, which matters only when a server is unconstrained.
 * Outcomes come from the simulator's action labels (§5.2, Appendix D), never from free text (:func:`call_outcome`).
 * :class:`StoryCache`: one compiled story per profile, compiled once, stored atomically, re-validated on load.
 """
@@ -28,6 +34,7 @@ from typing import Any
 from marti_ibrl.envs.telesales.profiles import customer_view
 from marti_ibrl.envs.telesales.prompts import fmt, load_template, render, story_compiler_prompt
 from marti_ibrl.envs.telesales.protocol import BEHAVIORS, TOLERANCE, SalesTurn, parse_sales_turn
+from marti_ibrl.llm import TEXT, ReplySchema, closed_object, list_of, number_in, one_of
 
 SCORES = ("willingness", "trust", "patience")
 
@@ -179,6 +186,13 @@ def validate_story(raw: str | Mapping[str, Any]) -> Story:
     return Story(story, {k: tuple(x.strip() for x in v) for k, v in scenes.items()})
 
 
+def story_schema() -> ReplySchema:
+    """:func:`validate_story`'s output as a schema: ``story`` and ``scene_fewshots`` with exactly the scenes of
+    :data:`SCENES` (the extra scenes the validator allows are not asked for), each 1-3 lines."""
+    scenes = closed_object(dict.fromkeys(SCENES, list_of(TEXT, *FEWSHOTS_PER_SCENE)))
+    return ReplySchema("story", closed_object({"story": TEXT, "scene_fewshots": scenes}))
+
+
 @dataclass(frozen=True)
 class SimulatorTurn:
     """One Table 9 turn (our schema): the fired rubric codes, the scores after the update, intent, action, reply."""
@@ -219,6 +233,18 @@ def validate_simulator_turn(raw: str | Mapping[str, Any], before: Mapping[str, f
     return SimulatorTurn(tuple(hits), **scores, intent=intent, action=action, reply=_text(obj, "reply", what))
 
 
+def simulator_turn_schema(actions: Sequence[str] = DIALOGUE_ACTIONS) -> ReplySchema:
+    """:func:`validate_simulator_turn`'s output as a schema, its action one of ``actions`` (a subset of
+    :data:`DIALOGUE_ACTIONS`: the eval env's rule on ConfirmAdded). Codes fired once and the scores' agreement with
+    the rubric stay the validator's."""
+    unknown = [a for a in actions if a not in DIALOGUE_ACTIONS]
+    if unknown or not actions:
+        raise ValueError(f"simulator actions must be a non-empty subset of DIALOGUE_ACTIONS, got {list(actions)}")
+    turn = {"rubric_hits": list_of(one_of(RUBRIC), 0, len(RUBRIC)), **dict.fromkeys(SCORES, number_in(0.0, 1.0))}
+    turn |= {"intent": one_of(INTENTS), "action": one_of(actions), "reply": TEXT}
+    return ReplySchema("simulator_turn", closed_object(turn))
+
+
 @dataclass(frozen=True)
 class SalesEvalTurn:
     """Table 10's output; ``turn`` is ``agent_message`` parsed for tool and end markers (:mod:`.protocol`)."""
@@ -241,6 +267,13 @@ def validate_sales_turn(raw: str | Mapping[str, Any]) -> SalesEvalTurn:
     if turn.error:
         raise ValueError(f"{what}: agent_message: {turn.error}")
     return SalesEvalTurn(thinking, action, message, turn)
+
+
+def sales_turn_schema() -> ReplySchema:
+    """:func:`validate_sales_turn`'s output as a schema (Table 10's keys, ``agent_action`` one of
+    :data:`AGENT_ACTIONS`); the markers in ``agent_message`` stay the validator's."""
+    turn = {"thinking_content": TEXT, "agent_action": one_of(AGENT_ACTIONS), "agent_message": TEXT}
+    return ReplySchema("sales_turn", closed_object(turn))
 
 
 @dataclass(frozen=True)
@@ -289,6 +322,27 @@ def validate_audit(raw: str | Mapping[str, Any]) -> Audit:
     summary = obj.get("summary", "")
     summary = summary.strip() if isinstance(summary, str) else ""
     return Audit(fab, ai, fab_reason, ai_reason, fab_turns, claim, reference, ai_turns, summary)
+
+
+def audit_schema(n_turns: int | None = None) -> ReplySchema:
+    """:func:`validate_audit`'s output as a schema, in Table 12's layout: each label block is either a hit (with
+    evidence turns; a fabrication hit also with ``violation_type`` "direct_conflict") or not (a fabrication miss
+    with its evidence fields cleared), as the validator rules. ``n_turns``: evidence turns lie in 1..n_turns (the
+    :class:`~.eval_agents.Auditor`'s check). That a hit's claim and reference are non-empty stays the validator's."""
+    turn = number_in(1, n_turns, "integer") if n_turns is not None else {"type": "integer"}
+    hit, miss, evidence = one_of([True], "boolean"), one_of([False], "boolean"), list_of(turn, 1)
+    found = {"hit": hit, "violation_type": one_of(["direct_conflict"]), "evidence_turns": evidence}
+    found |= {"agent_claim": TEXT, "reference_evidence": TEXT, "reason": TEXT}
+    cleared = {"hit": miss, "violation_type": {"type": "null"}, "evidence_turns": list_of(turn, 0, 0)}
+    cleared |= {"agent_claim": one_of([""]), "reference_evidence": one_of([""]), "reason": TEXT}
+    ai_found = {"hit": hit, "evidence_turns": evidence, "reason": TEXT}
+    ai_miss = {"hit": miss, "evidence_turns": list_of(turn), "reason": TEXT}
+    audit = {
+        "deceptive_fabrication": {"anyOf": [closed_object(found), closed_object(cleared)]},
+        "ai_generated_style": {"anyOf": [closed_object(ai_found), closed_object(ai_miss)]},
+        "summary": TEXT,
+    }
+    return ReplySchema("audit", closed_object(audit))
 
 
 # ---- outcomes ----
