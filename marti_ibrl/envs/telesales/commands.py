@@ -239,9 +239,16 @@ def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
         return clients[key]
 
     simulator_spec = parse_endpoint(args.simulator)
-    simulator = UserSimulator(client(simulator_spec), {"temperature": args.simulator_temperature})
+    if args.simulator_max_new_tokens < 1:
+        raise ValueError(f"--simulator-max-new-tokens must be >= 1 (got {args.simulator_max_new_tokens})")
+    cap = {"max_new_tokens": args.simulator_max_new_tokens}  # a reply that never ends its JSON stops here
+    simulator = UserSimulator(client(simulator_spec), {"temperature": args.simulator_temperature, **cap})
     compiler = client(parse_endpoint(args.compiler) if args.compiler else simulator_spec)
-    auditor = None if args.no_audit else Auditor(client(parse_endpoint(args.auditor or args.simulator)), args.lang)
+    auditor = None
+    if not args.no_audit:
+        auditor = Auditor(
+            client(parse_endpoint(args.auditor or args.simulator)), args.lang, {"temperature": 0.0, **cap}
+        )
 
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
     policies: dict[str, Any] = {}
@@ -313,7 +320,7 @@ def cmd_telesales_eval(args: argparse.Namespace) -> int:
         lang=args.lang,
         max_turns=args.max_turns,
         sampling=plan["sampling"],
-        compiler_sampling={"temperature": args.simulator_temperature},
+        compiler_sampling={"temperature": args.simulator_temperature, "max_new_tokens": args.simulator_max_new_tokens},
         max_len=args.max_len,
         engines=_LazyEngines(args, len(checkpoints)) if checkpoints else None,
         retry_failed=args.retry_failed,
@@ -383,6 +390,12 @@ def add_telesales_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=float,
         default=0.7,
         help="simulator and story-compiler sampling (default: 0.7; the auditor uses 0)",
+    )
+    p.add_argument(
+        "--simulator-max-new-tokens",
+        type=int,
+        default=1024,
+        help="longest reply of the simulator, story compiler and auditor (default: 1024 tokens)",
     )
     p.add_argument("--max-retries", type=int, default=4, help="retries per request (default: 4)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default: 120)")
