@@ -393,14 +393,18 @@ THIN_DROP = ("transcript",)  # the bulk of an episode record; every metric is co
 
 def eval_unit(out: Path, keep: Path, cmd: list[str], seed: int, name: str, sft: str) -> None:
     """Run one evaluation (resuming from its episodes in ``OUT``) and keep its pairs with thin episodes."""
-    from marti_ibrl.eval.report import load_pairs
+    from marti_ibrl.eval.runner import read_episodes
 
     done = Path(cmd[cmd.index("--out") + 1])
     seconds = _run(cmd, out / "logs" / f"eval_seed{seed}_{name}.log")
-    pairs = [
+    pairs = [  # (the summaries are computed from these when the report reads them)
         {k: p[k] for k in ("policy", "counterpart", "kind")}
-        | {"episodes": [{k: v for k, v in e.items() if k not in THIN_DROP} for e in p["episodes"]]}
-        for p in load_pairs(done)
+        | {
+            "episodes": [
+                {k: v for k, v in e.items() if k not in THIN_DROP} for e in read_episodes(done / "episodes" / p["file"])
+            ]
+        }
+        for p in json.loads((done / "pairs.json").read_text())
     ]
     record = {"command": _portable(cmd, out, sft), "seconds": round(seconds, 1), "pairs": pairs}
     _write_atomic(kept_eval(keep, seed, name), gzip.compress(json.dumps(record).encode(), mtime=0))
