@@ -50,14 +50,7 @@ DEMO_SFT: dict[str, Any] = dict(
 # SmolLM2-135M-Instruct's warm start (``marti-ibrl demo --model smollm2-135m-instruct``, recipes/dond/smollm2-cpu.yaml:
 # compact prompt, natural-language bot turns, offers shown with their complement). First values, not yet measured here:
 # the SFT time and the validity it reaches are for benchmarks/smollm2_dond.py (issue 20) to record.
-SMOLLM2_SFT: dict[str, Any] = dict(
-    n_scenarios=200,
-    epochs=1,
-    lr=2e-5,
-    batch_size=8,
-    micro_batch_size=4,
-    max_len=1024,
-)
+SMOLLM2_SFT: dict[str, Any] = {**DEMO_SFT, "n_scenarios": 200, "lr": 2e-5}
 # The tiny model the demo warm-starts (keyword arguments of marti_ibrl.tiny.build_tiny_model).
 DEMO_TINY_MODEL: dict[str, Any] = dict(hidden_size=64, num_layers=2, intermediate_size=128)
 # Its heads when vLLM serves it (``rollout.engine: vllm``): vLLM's CPU attention needs head_dim >= 32 (64 / 2).

