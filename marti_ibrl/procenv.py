@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+import socket
 import sys
 from collections.abc import Mapping
 
@@ -39,3 +41,44 @@ SHARE_ONE_GPU_ENV = "MARTI_IBRL_SHARE_ONE_GPU"
 
 def share_one_gpu() -> bool:
     return os.environ.get(SHARE_ONE_GPU_ENV) == "1"
+
+
+EPHEMERAL_FALLBACK = (32768, 60999)  # Linux's default net.ipv4.ip_local_port_range
+LISTEN_PORTS_FROM = 20000  # above Ray's default worker ports (10002-19999) and its fixed ones below them
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's ephemeral port range (``net.ipv4.ip_local_port_range``; Linux's default where unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return EPHEMERAL_FALLBACK
+
+
+def listen_port(host: str = "", rng: random.Random | None = None, tries: int = 200) -> int:
+    """A free TCP port for a listener that starts *later* than it is chosen (a torch.distributed rendezvous, a server).
+
+    The usual ``bind(port 0)`` hands out a port from the kernel's ephemeral range, the same range every outgoing
+    connection and every other ``bind(0)`` listener (gloo's pairs, Ray's gRPC) draws from; in the seconds until the
+    listener binds, one of them can take it (seen: ``DistNetworkError EADDRINUSE`` on a reference actor's
+    rendezvous while another test process started its actors). So the port is drawn at random from between Ray's
+    worker ports and the ephemeral range, where only an explicit choice like this one lands, and checked free on
+    ``host`` (``""``: every address). Where that gap is too small (a kernel tuned otherwise), ``bind(0)`` as before.
+    """
+    rng = rng or random.SystemRandom()
+    low = LISTEN_PORTS_FROM
+    high = ephemeral_ports()[0] - 1
+    if high - low >= 1000:
+        for _ in range(tries):
+            port = rng.randint(low, high)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

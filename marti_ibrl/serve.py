@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+
+from marti_ibrl.procenv import listen_port
 
 CPU_KVCACHE_GIB = "1"
 
@@ -66,12 +67,6 @@ def serve_env() -> dict[str, str]:
     return env
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class LocalEndpoint:
     """``vllm.entrypoints.openai.api_server`` on ``model`` in the background, ready once ``/health`` answers.
 
@@ -88,7 +83,7 @@ class LocalEndpoint:
         max_model_len: int | None = None,
         timeout: float = 300.0,
     ) -> None:
-        self.name, self.host, self.port = name, host, port or free_port(host)
+        self.name, self.host, self.port = name, host, port or listen_port(host)
         self.log, self.timeout = Path(log), timeout
         self.command = serve_command(model, name, host, self.port, max_model_len)
         self.process: subprocess.Popen | None = None

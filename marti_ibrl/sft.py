@@ -20,7 +20,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from typing import Any
 
 from marti_ibrl.envs.dond import DondEnv, DondScenario, make_bot, parse_utterance, play_dialogue
 from marti_ibrl.envs.dond.game import is_complementary
-from marti_ibrl.procenv import child_env_vars
+from marti_ibrl.procenv import child_env_vars, listen_port
 
 Record = dict[str, Any]
 
@@ -120,12 +119,6 @@ def write_sft_data(path: str | os.PathLike[str], records: Iterable[Record]) -> s
 
 # ---------------------------------------------------------------------------------------------------------------
 # training
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _STEP_BAR = re.compile(r"Train step of epoch (\d+):\s*\d+%.*?\|\s*(\d+)/(\d+)")
@@ -235,7 +228,7 @@ def run_sft(
         WORLD_SIZE="1",
         LOCAL_WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(listen_port("127.0.0.1")),
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", str(min(os.cpu_count() or 1, 8))),
         TOKENIZERS_PARALLELISM="false",
         WANDB_MODE="disabled",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from ray_watchdog import pytest_timeout_cancel_timer, pytest_timeout_set_timer  # noqa: F401 (hooks)
 from slurm_cluster import SLURM_REASON, LocalSlurm
 
 

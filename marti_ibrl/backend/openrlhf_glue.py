@@ -35,7 +35,7 @@ from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.algorithm.schedule import num_updates
 from marti_ibrl.config import Config, RoleConfig
 from marti_ibrl.placement import device_slots, has_reference, uses_pool
-from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, ray_env_vars, share_one_gpu
+from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, listen_port, ray_env_vars, share_one_gpu
 from marti_ibrl.rollout.engines import create_engines, params_digest
 
 
@@ -119,7 +119,16 @@ def data_parallel_ranks(group: RayActorGroup) -> int:
     return len(group._actor_handlers) // group.duplicate_actors
 
 
-class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
+class RendezvousPort:
+    """An actor group's torch.distributed port, chosen by rank 0 when it starts and bound only when its model is
+    loaded seconds later: drawn where no other process's ``bind(0)`` can take it meanwhile (:func:`listen_port`)."""
+
+    @staticmethod
+    def _get_free_port():
+        return listen_port()
+
+
+class RolePolicyActorBase(RendezvousPort, PolicyModelActor.__ray_actor_class__):
     """A role's DeepSpeed policy actor: OpenRLHF's PolicyModelActor with the isolated trainer."""
 
     trainer_cls = IsolatedActorPPOTrainer
@@ -214,6 +223,13 @@ class RolePolicyActorBase(PolicyModelActor.__ray_actor_class__):
 
 
 RolePolicyActor = ray.remote(num_gpus=1)(RolePolicyActorBase)
+
+
+class RoleReferenceActorBase(RendezvousPort, ReferenceModelActor.__ray_actor_class__):
+    """A role's frozen reference for the KL of Eq. 5: OpenRLHF's ReferenceModelActor."""
+
+
+RoleReferenceActor = ray.remote(num_gpus=1)(RoleReferenceActorBase)
 
 
 def has_vllm() -> bool:
@@ -426,7 +442,7 @@ class RoleStack:
         ref = None
         if has_reference(role):
             ref = RayActorGroup(
-                role.num_nodes, role.num_gpus_per_node, ReferenceModelActor, pg=pg, num_gpus_per_actor=share
+                role.num_nodes, role.num_gpus_per_node, RoleReferenceActor, pg=pg, num_gpus_per_actor=share
             )
         tokenizer = AutoTokenizer.from_pretrained(role.pretrain)
         maker = IsolatedExperienceMaker(actor, None, None, ref, FixedKLController(0.0), strategy, tokenizer)
