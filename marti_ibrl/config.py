@@ -117,6 +117,9 @@ class JudgeConfig:
     max_retries: int = 3
     """Retries of a failed or invalid judgement before the trajectory is dropped."""
     temperature: float = 0.0
+    max_new_tokens: int | None = None
+    """Cap on each verdict's tokens (None: the endpoint's own); a verdict cut short is invalid JSON, retried like
+    any other (a small model asked for JSON without a schema can otherwise write up to its context length)."""
     structured: str = "auto"
     """Structured outputs (:mod:`marti_ibrl.llm`): ``auto`` sends the verdict's JSON schema and falls back to JSON
     mode with parse-and-retry for the run once the endpoint refuses it; ``on`` always sends it (a refusal fails the
@@ -552,6 +555,10 @@ def _validate_reward(cfg: Config, role: RoleConfig, flag: str, exists: Existence
             raise ConfigError(f"--judge.api_key_env: environment variable {judge.api_key_env} is not set")
         if judge.max_concurrency < 1 or judge.max_retries < 0 or judge.timeout <= 0:
             raise ConfigError("--judge.max_concurrency: need max_concurrency >= 1, max_retries >= 0 and timeout > 0")
+        if judge.max_new_tokens is not None and judge.max_new_tokens < 1:
+            raise ConfigError(
+                f"--judge.max_new_tokens: must be >= 1 (or null: the endpoint's own), got {judge.max_new_tokens}"
+            )
         from marti_ibrl.llm import STRUCTURED
 
         if judge.structured not in STRUCTURED:

@@ -57,9 +57,17 @@ def base_model(name: str, out: Path, env_cfg: EnvConfig, seed: int = 0, engine: 
     return path
 
 
-def prepare(out: Path, env_cfg: EnvConfig, seed: int = 0, engine: str = "auto", model: str = TINY) -> str:
+def prepare(
+    out: Path,
+    env_cfg: EnvConfig,
+    seed: int = 0,
+    engine: str = "auto",
+    model: str = TINY,
+    sft_scenarios: int | None = None,
+) -> str:
     """Steps 1-2: the base model and its SFT warm start (``DEMO_SFT``, or ``SMOLLM2_SFT`` for a pretrained model) on
-    scripted dialogues in the recipe's environment ``env_cfg``; returns the SFT checkpoint directory."""
+    scripted dialogues in the recipe's environment ``env_cfg`` (``sft_scenarios``: a different number of scenarios,
+    e.g. a benchmark's quick run); returns the SFT checkpoint directory."""
     from marti_ibrl.envs import make_env
     from marti_ibrl.envs.dond import TRAINING_BOTS, generate_scenarios
     from marti_ibrl.sft import DEMO_SFT, SMOLLM2_SFT, protocol_validity, run_sft, sft_records, write_sft_data
@@ -71,6 +79,8 @@ def prepare(out: Path, env_cfg: EnvConfig, seed: int = 0, engine: str = "auto", 
     base = base_model(model, out, env_cfg, seed, engine)
     env, _ = make_env(env_cfg, seed)
     cfg = dict(DEMO_SFT if model == TINY else SMOLLM2_SFT)
+    if sft_scenarios is not None:
+        cfg["n_scenarios"] = sft_scenarios
     scenarios = generate_scenarios(cfg.pop("n_scenarios"), seed + 1)  # disjoint seed from RL's scenarios
     records = sft_records(env, scenarios, sorted(TRAINING_BOTS), seed)
     data = write_sft_data(out / "sft_data.jsonl", records)

@@ -202,6 +202,10 @@ def test_telesales_roles_judge_and_rewards(telesales: list[str], ckpt: str, monk
     assert [reward_spec("telesales", r) for r in cfg.roles] == ["judge", "judge"]  # the paper's default (§5.1)
     assert (cfg.judge.model, cfg.judge.max_concurrency, cfg.env.lang) == ("deepseek", 4, "zh")
     assert cfg.judge.structured == "auto"  # structured outputs where the endpoint takes them (marti_ibrl.llm)
+    assert cfg.judge.max_new_tokens is None  # the endpoint's own cap
+    assert load_config([*telesales, *judge, "--judge.max_new_tokens", "512"]).judge.max_new_tokens == 512
+    with pytest.raises(ConfigError, match=r"^--judge.max_new_tokens: must be >= 1 .*got 0"):
+        load_config([*telesales, *judge, "--judge.max_new_tokens", "0"])
     for value in ("off", "on"):  # words, though YAML would read them as booleans
         assert load_config([*telesales, *judge, "--judge.structured", value]).judge.structured == value
         assert load_config([*telesales, *judge, f"--judge.structured={value}"]).judge.structured == value

@@ -97,3 +97,81 @@ def test_telesales_eval_with_smollm2_as_simulator_and_policy(endpoint, tmp_path)
 
 def _lines(out) -> list[str]:
     return (out / "episodes" / "smol.jsonl").read_text().splitlines()
+
+
+@pytest.fixture(scope="module")
+def judged_iterations(endpoint, tmp_path_factory):
+    """One TeleSales IB-RL iteration per ``--judge.structured`` setting (``on``: every verdict asked with its JSON
+    schema; ``off``: JSON mode, parse and retry), SmolLM2 judging both roles; tiny local policies, no reference and
+    no pool engines (fewer processes). Returns {setting: (trainer, first iteration's metrics, its trajectories)}."""
+    import ray
+
+    from marti_ibrl.config import load_config
+    from marti_ibrl.tiny import build_tiny_telesales_model
+    from marti_ibrl.trainer import IBRLTrainer
+
+    tmp = tmp_path_factory.mktemp("judged")
+    model = build_tiny_telesales_model(tmp / "tiny")
+    runs = {}
+    for structured in ("on", "off"):
+        cfg = load_config(
+            [
+                *("--env.name", "telesales", "--env.max_rounds", "2", "--env.num_scenarios", "8"),
+                *("--role1.pretrain", model, "--role2.pretrain", model, "--role1.lr", "5e-3", "--role2.lr", "5e-3"),
+                *("--role1.kl_coef", "0", "--role2.kl_coef", "0", "--pool.probs", "[1.0,0,0]"),
+                *("--judge.base_url", endpoint.base_url, "--judge.model", "smollm2", "--judge.structured", structured),
+                *("--judge.max_retries", "1", "--judge.max_new_tokens", "384", "--judge.timeout", "120"),
+                *("--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "16"),
+                *("--rollout.max_len", "1800", "--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2"),
+                *("--train.iterations", "1", "--ckpt.path", str(tmp / f"run-{structured}")),
+            ]
+        )
+        trainer = IBRLTrainer(cfg)
+        played, rollout = [], trainer.runner.run
+
+        def keep(*args, _rollout=rollout, _played=played, **kw):
+            trajectories = _rollout(*args, **kw)
+            _played.extend(trajectories)
+            return trajectories
+
+        trainer.runner.run = keep
+        try:
+            history = trainer.fit()
+        finally:
+            ray.shutdown()
+        runs[structured] = (trainer, history[0], played)
+    return runs
+
+
+@pytest.mark.parametrize("structured", ["on", "off"])
+def test_a_telesales_iteration_judged_by_smollm2(judged_iterations, structured, capsys):
+    """Whatever SmolLM2 makes of the rubric, every judged (call, role) gets a reward or a recorded failure, never
+    both; a failed one leaves its role's group (not trained on as a 0); the endpoint's counts add up."""
+    from marti_ibrl.trainer import members
+
+    trainer, m, played = judged_iterations[structured]
+    assert len(played) == 4 and all(t.state.done for t in played)
+    for role in ("sales", "customer"):
+        judged = [t for t in played if any(turn.role == role for turn in t.turns)]
+        failed = [t for t in judged if role in t.reward_failures]
+        for t in failed:
+            assert role not in t.rewards and t not in members(played, role), t.reward_failures
+            assert t.reward_failures[role].split(":")[0] in ("bad_output", "timeout", "http_4xx", "http_5xx"), t
+        for t in judged:
+            if t not in failed:
+                assert role in t.rewards and -1.0 <= t.rewards[role] <= 1.0  # R in [0, 1]; a malformed turn -1
+        assert m[f"{role}/reward_failed"] == pytest.approx(len(failed) / len(played)), role
+        assert m[f"judge/{role}/failures"] == len(failed) and m[f"judge/{role}/scored"] == len(judged) - len(failed)
+        if len(failed) < len(judged):  # some call of this role was judged: it trained on it
+            assert m[f"{role}/updated"] == 1.0 and m[f"{role}/samples_trained"] > 0, role
+    endpoint = {k.removeprefix("judge/endpoint/"): v for k, v in m.items() if k.startswith("judge/endpoint/")}
+    scored = sum(m[f"judge/{r}/scored"] for r in ("sales", "customer"))
+    failures = sum(m[f"judge/{r}/failures"] for r in ("sales", "customer"))
+    assert endpoint["requests"] == scored + failures + endpoint["retries"]  # one per judgement, plus its retries
+    assert (endpoint["successes"], endpoint["failures"]) == (scored, failures)
+    sent = (endpoint["structured"], endpoint["unstructured"])
+    assert sent == ((endpoint["requests"], 0) if structured == "on" else (0, endpoint["requests"])), endpoint
+    assert endpoint["structured_fallbacks"] == 0
+    with capsys.disabled():  # what SmolLM2 did as a judge, for the record
+        print(f"\n[smollm2 judge, structured={structured}] endpoint {endpoint}; "
+              f"failed: sales {m['judge/sales/failures']:.0f}, customer {m['judge/customer/failures']:.0f} of 4")  # fmt: skip

@@ -327,9 +327,9 @@ def test_verdict_schemas_agree_with_the_validator() -> None:
         validate_verdict(twice, [1, 3, 5], SalesJudge.criteria, "outcome", "sales judge")
 
 
-def judge_cfg(url: str, structured: str) -> SimpleNamespace:
+def judge_cfg(url: str, structured: str, max_new_tokens: int | None = None) -> SimpleNamespace:
     fields = dict(base_url=url, model="judge-model", api_key_env=None, max_concurrency=2, max_retries=1)
-    return SimpleNamespace(**fields, timeout=2.0, temperature=0.0, structured=structured)
+    return SimpleNamespace(**fields, timeout=2.0, temperature=0.0, structured=structured, max_new_tokens=max_new_tokens)
 
 
 def test_judge_structured_setting(serve) -> None:
@@ -343,6 +343,10 @@ def test_judge_structured_setting(serve) -> None:
     llm, judges = make_judges(judge_cfg(server.base_url, "off"), "en", ["sales"])
     assert arun(llm, judges["sales"].score(success_call())).reward == pytest.approx(0.934170, abs=1e-6)
     assert server.requests[-1]["body"]["response_format"] == {"type": "json_object"}
+    assert "max_tokens" not in server.requests[-1]["body"]  # the endpoint's own cap unless --judge.max_new_tokens
+    llm, judges = make_judges(judge_cfg(server.base_url, "off", max_new_tokens=300), "en", ["sales"])
+    arun(llm, judges["sales"].score(success_call()))
+    assert server.requests[-1]["body"]["max_tokens"] == 300
     # auto: the refused schema is no failure of the judgement; the rest of the run is in JSON mode
     llm, judges = make_judges(judge_cfg(server.base_url, "auto"), "en", ["sales", "customer"])
     n = len(server.requests)
