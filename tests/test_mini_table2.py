@@ -316,3 +316,16 @@ def test_ablations_train_on_their_own_seeds_and_each_seed_evaluates_its_arms(ben
     assert named == ["ibrl", "uni_sft", "uni_bot", "uni_pool"]
     line, _ = bench.compute_time(tmp_path, profile)
     assert "(SFT, 29 training runs and the evaluations" in line  # 4 arms x 5 seeds + 3 ablations x 3 seeds
+
+
+def test_git_tracks_every_kind_of_kept_record(bench):
+    """What the full run keeps is committed with the repository (a new machine has nothing else): no ignore rule may
+    swallow a kept file (a bare ``runs/`` rule once ignored ``KEEP/runs/ARM/seedS.json``, the reward curves)."""
+    import subprocess
+
+    root = Path(bench.ROOT)
+    keep = Path(bench.KEEP).relative_to(root)
+    kinds = [keep / bench.TIMES, keep / "sft" / "model.safetensors", keep / "runs" / "ibrl" / "seed0.json"]
+    kinds += [keep / "eval" / "seed0" / "ibrl.json.gz"]
+    check = subprocess.run(["git", "check-ignore", *map(str, kinds)], cwd=root, capture_output=True, text=True)
+    assert check.returncode == 1 and not check.stdout, f"ignored by git: {check.stdout}"  # 1: none is ignored
