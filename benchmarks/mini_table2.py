@@ -419,6 +419,8 @@ def run_seed(out: Path, keep: Path, profile: Profile, table: dict[str, Arm], sft
     for name in tqdm(names, desc=f"seed {seed}", unit="arm"):
         cmd = eval_command(out, profile, table, sft, seed, name)
         if is_kept(keep, seed, name, cmd, out, sft):
+            if not (keep / "runs" / name / f"seed{seed}.json").exists():  # its curves lost (once git-ignored):
+                train_unit(out, keep, table[name], seed, sft, profile.iterations)  # the same seed trains it again
             continue
         train_unit(out, keep, table[name], seed, sft, profile.iterations)
         eval_unit(out, keep, cmd, seed, name, sft)

@@ -262,6 +262,15 @@ def test_every_finished_unit_is_kept_and_a_new_machine_redoes_none_of_it(bench, 
     assert all(p["summary"]["averaged"]["n"] == 6 for p in pairs)
     assert bench.engine_note(keep, profile).startswith("Rollout engine: hf (4 trained roles)")
 
+    # an evaluated run whose training record was lost (a .gitignore rule once dropped them): trained again, same
+    # seed, for its curves; its kept evaluation stands
+    (keep / "runs" / "uni_sft" / "seed1.json").unlink()
+    ran.clear()
+    out = tmp_path / "fourth-machine"
+    bench.run_seed(out, keep, profile, bench.arms(str(out / "sft"), "conceder"), str(out / "sft"), 1)
+    assert ran == ["train uni_sft/seed1"]
+    assert json.loads((keep / "runs" / "uni_sft" / "seed1.json").read_text())["iterations"] == 3
+
 
 def test_the_sft_init_is_kept_and_taken_from_the_keep(bench, tmp_path):
     env = bench.recipe_env()
