@@ -154,6 +154,6 @@ def main(args: argparse.Namespace) -> int:
     from marti_ibrl.eval.report import write_report
 
     report = write_report(cfg.ckpt.path)
-    _step(f"report with reward curves: {report} (next: marti-ibrl eval / diagnose, see README)")
+    _step(f"report with reward curves: {report} (next: marti-ibrl eval / diagnose, see docs/evaluation.md)")
     _step(f"total {time.perf_counter() - t_start:.0f}s")
     return 0

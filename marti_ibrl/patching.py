@@ -70,7 +70,7 @@ def installed_root(series: Series = SERIES[0]) -> Path:
     if version != pinned:
         raise PatchError(
             f"installed {package} is {version}, but the patches are for {pinned}; "
-            f"install {package}=={pinned} (see README: upstreaming / rebasing the patches)"
+            f"install {package}=={pinned} (see docs/openrlhf.md: upstreaming and rebasing the patches)"
         )
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
