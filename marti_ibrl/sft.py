@@ -47,9 +47,11 @@ DEMO_SFT: dict[str, Any] = dict(
     max_len=1024,  # longer records (~5%) are dropped by OpenRLHF's dataset
 )
 # SmolLM2-135M-Instruct's warm start (``marti-ibrl demo --model smollm2-135m-instruct``, recipes/dond/smollm2-cpu.yaml:
-# compact prompt, natural-language bot turns, offers shown with their complement). First values, not yet measured here:
-# the SFT time and the validity it reaches are for benchmarks/smollm2_dond.py (issue 20) to record.
-SMOLLM2_SFT: dict[str, Any] = {**DEMO_SFT, "n_scenarios": 200, "lr": 2e-5}
+# compact prompt, natural-language bot turns, offers shown with their complement). A micro-batch of 4 records takes
+# ≈ 28 s on 2 cores, so 160 scenarios (320 records, 40 steps) ≈ 37 min; lr 1e-4, a usual rate for teaching a 135M
+# instruct model a format in few steps (2 steps at 2e-5 left it at 0% valid turns). The time and validity reached
+# are in benchmarks/results/smollm2_dond.md.
+SMOLLM2_SFT: dict[str, Any] = {**DEMO_SFT, "n_scenarios": 160, "lr": 1e-4}
 # The tiny model the demo warm-starts (keyword arguments of marti_ibrl.tiny.build_tiny_model).
 DEMO_TINY_MODEL: dict[str, Any] = dict(hidden_size=64, num_layers=2, intermediate_size=128)
 # Its heads when vLLM serves it (``rollout.engine: vllm``): vLLM's CPU attention needs head_dim >= 32 (64 / 2).
