@@ -572,12 +572,28 @@ def zero_weight_copy(item: Experience) -> Experience:
 
 
 def start_engines(cfg: Config, role: RoleConfig, model: str, seed: int, device: str, num_engines: int) -> list:
-    """Rollout engines serving ``model`` for ``role`` (:func:`engine_kind`), in the trainer's parameter dtype."""
+    """Rollout engines serving ``model`` for ``role`` (:func:`engine_kind`), in the trainer's parameter dtype; on CPU
+    each vLLM engine's KV cache holds its share of an iteration's dialogues (:func:`training_kv_sequences`)."""
     args = role_args(cfg, role, device)
     use_vllm = engine_kind(cfg.rollout.engine, device) == "vllm"
     return create_engines(
-        args, model, seed, use_vllm, num_engines, role.tensor_parallel_size, cfg.rollout.max_len, cfg.ds.param_dtype
+        args,
+        model,
+        seed,
+        use_vllm,
+        num_engines,
+        role.tensor_parallel_size,
+        cfg.rollout.max_len,
+        cfg.ds.param_dtype,
+        kv_sequences=training_kv_sequences(cfg, num_engines),
     )
+
+
+def training_kv_sequences(cfg: Config, num_engines: int, least: int = 16) -> int:
+    """Full-length sequences a training engine's CPU KV cache holds: its share of the iteration's B × G dialogues
+    (one turn of each in flight at a time), at least ``least``; vLLM queues whatever does not fit."""
+    dialogues = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+    return max(least, -(-dialogues // max(1, num_engines)))
 
 
 class FrozenEngines:

@@ -266,9 +266,10 @@ class HFGenerateEngine:
 HFGenerateEngineActor = ray.remote(HFGenerateEngine)
 
 
-def vllm_engine_class():
+def vllm_engine_class(kv_sequences: int = 64):
     """OpenRLHF's vLLM ``RolloutRayActor`` plus this protocol (imports vllm lazily); its workers run
-    :class:`marti_ibrl.rollout.vllm_worker.EngineWorkerExtension` (OpenRLHF's ``WorkerWrap`` and more)."""
+    :class:`marti_ibrl.rollout.vllm_worker.EngineWorkerExtension` (OpenRLHF's ``WorkerWrap`` and more). On CPU its
+    KV cache holds ``kv_sequences`` full-length sequences (:func:`cpu_kv_cache_bytes`)."""
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
     base = RolloutRayActor.__ray_actor_class__
@@ -281,7 +282,8 @@ def vllm_engine_class():
             if not torch.cuda.is_available():
                 if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vLLM's default: a share of RAM, ~9 GB here
                     kwargs.setdefault(
-                        "kv_cache_memory_bytes", cpu_kv_cache_bytes(kwargs["model"], kwargs["max_model_len"])
+                        "kv_cache_memory_bytes",
+                        cpu_kv_cache_bytes(kwargs["model"], kwargs["max_model_len"], kv_sequences),
                     )
                 # the worker runs inside the engine-core process (vLLM's "uni" executor), not in a third process
                 # of ~1 GB per engine; vLLM's MP executor exists on CPU to pin OpenMP threads, which we keep at one
@@ -351,9 +353,12 @@ def create_engines(
     max_len: int,
     dtype: str = "bf16",
     prefix_caching: bool = True,
+    kv_sequences: int = 64,
 ):
     """Start a role's engines through OpenRLHF's ``create_vllm_engines`` with our engine class.
 
+    ``kv_sequences``: the full-length sequences one engine's KV cache holds on CPU (:func:`cpu_kv_cache_bytes`; a
+    training engine needs its share of the iteration's dialogues, an evaluation engine its batch).
     ``dtype`` (``bf16``/``fp16``/``fp32``) is the trainer's parameter dtype: vLLM engines serve in it, since the
     weight broadcast sends the trainer's tensors as they are (patch 0008). vLLM's prefix caching is on (a dialogue's
     next turn extends its previous prompt + reply; ``benchmarks/rollout_engines.py`` measures it); the HF engine
@@ -373,7 +378,7 @@ def create_engines(
         max_model_len=max_len,
         gpu_memory_utilization=role_args.vllm.gpu_memory_utilization,
         logprobs_mode="processed_logprobs" if use_vllm else None,
-        engine_cls=vllm_engine_class() if use_vllm else HFGenerateEngineActor,
+        engine_cls=vllm_engine_class(kv_sequences) if use_vllm else HFGenerateEngineActor,
         dtype=VLLM_DTYPES[dtype],
     )
 
@@ -384,7 +389,8 @@ VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 def cpu_kv_cache_bytes(model: str, max_len: int, sequences: int = 64) -> int:
     """KV cache of a vLLM engine on CPU: ``sequences`` full-length dialogues in fp32, between 64 MiB and 2 GiB
     (``VLLM_CPU_KVCACHE_SPACE``, in GiB, overrides it). vLLM's own default, a share of the machine's RAM, is ~9 GB
-    per engine here. SmolLM2-135M (46 KB per token) gets 2 GiB, ~46k tokens; the tiny test models 64 MiB."""
+    per engine here. SmolLM2-135M (46 KB per token): 2 GiB for an evaluation engine's 64 sequences of 1024 tokens,
+    736 MiB for a training engine of recipes/dond/smollm2-cpu.yaml (16 sequences); the tiny test models 64 MiB."""
     import json
     from pathlib import Path
 
