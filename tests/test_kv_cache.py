@@ -26,6 +26,7 @@ def test_a_training_engine_holds_its_share_of_the_iterations_dialogues(tmp_path)
     ckpt.mkdir()
     base = ["--role1.pretrain", str(ckpt), "--role2.pretrain", str(ckpt)]
     cfg = load_config([*base, "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "4"])
-    assert training_kv_sequences(cfg, 1) == 16  # 8 dialogues: the floor
+    assert training_kv_sequences(cfg, 1) == 8  # 8 dialogues
+    assert training_kv_sequences(cfg, 4) == 8  # 2 each: the floor
     cfg = load_config([*base, "--rollout.batch_size", "16", "--rollout.n_samples_per_prompt", "4"])
     assert (training_kv_sequences(cfg, 1), training_kv_sequences(cfg, 3)) == (64, 22)  # ⌈64 / 3⌉

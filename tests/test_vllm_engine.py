@@ -9,6 +9,7 @@ digest of what it received). The weight broadcast over gloo is tests/test_e2e_ti
 from __future__ import annotations
 
 import importlib.util
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -126,11 +127,44 @@ def test_eval_engines_start_serve_and_stop_on_vllm(engine):
     frozen = FrozenEngines("cpu", 1, seed=0, max_len=256, engine="vllm")
     assert frozen.kind == "vllm"
     ray.get(e.load_weights_file.remote(str(_reset_file(model, engine[2]))))  # the training engine back on `model`
+    before = _engine_cores()
     (started,) = frozen.start(model)
     assert [r["token_ids"] for r in _generate(started)] == [r["token_ids"] for r in _generate(e)]
-    frozen.stop([started])
+    core = _engine_cores() - before
+    assert len(core) == 1, core  # vLLM's async engine runs its core in a child process of the actor
+    frozen.stop([started])  # ray.kill: SIGKILL to the actor; its engine core follows (vllm_worker.exit_with_parent)
+    deadline = time.monotonic() + 20
+    while _alive(core) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(core), f"engine core {core} outlived its actor"
     again = frozen.start(model)  # would wait forever if the first one's placement group were still held
     frozen.stop(again)
+
+
+def _engine_cores() -> set[int]:
+    """PIDs of the vLLM engine-core processes among this test process's descendants (Ray's local workers)."""
+    import psutil
+
+    found = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "EngineCore" in " ".join(proc.cmdline()):
+                found.add(proc.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _alive(pids: set[int]) -> bool:
+    import psutil
+
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return any(running(pid) for pid in pids)
 
 
 def _reset_file(model: str, tmp) -> str:

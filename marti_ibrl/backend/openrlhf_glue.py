@@ -589,7 +589,7 @@ def start_engines(cfg: Config, role: RoleConfig, model: str, seed: int, device: 
     )
 
 
-def training_kv_sequences(cfg: Config, num_engines: int, least: int = 16) -> int:
+def training_kv_sequences(cfg: Config, num_engines: int, least: int = 8) -> int:
     """Full-length sequences a training engine's CPU KV cache holds: its share of the iteration's B × G dialogues
     (one turn of each in flight at a time), at least ``least``; vLLM queues whatever does not fit."""
     dialogues = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt

@@ -390,7 +390,7 @@ def cpu_kv_cache_bytes(model: str, max_len: int, sequences: int = 64) -> int:
     """KV cache of a vLLM engine on CPU: ``sequences`` full-length dialogues in fp32, between 64 MiB and 2 GiB
     (``VLLM_CPU_KVCACHE_SPACE``, in GiB, overrides it). vLLM's own default, a share of the machine's RAM, is ~9 GB
     per engine here. SmolLM2-135M (46 KB per token): 2 GiB for an evaluation engine's 64 sequences of 1024 tokens,
-    736 MiB for a training engine of recipes/dond/smollm2-cpu.yaml (16 sequences); the tiny test models 64 MiB."""
+    360 MiB for a training engine of recipes/dond/smollm2-cpu.yaml (8 dialogues); the tiny test models 64 MiB."""
     import json
     from pathlib import Path
 

@@ -6,7 +6,10 @@ are reachable with ``collective_rpc``. Imports nothing from vLLM at module level
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 
 from openrlhf.trainer.ray.vllm_worker_wrap import WorkerWrap
 
@@ -24,10 +27,32 @@ def _plain_cpu_gemm(layer, remove_weight: bool) -> None:
     layer.cpu_linear = torch.nn.functional.linear
 
 
+def exit_with_parent(poll_s: float = 1.0) -> threading.Thread:
+    """End this process when its parent dies: a daemon thread that exits as soon as ``os.getppid()`` changes.
+
+    vLLM's async engine (OpenRLHF's ``RolloutRayActor``) runs its engine core, and with it this worker, in a child
+    process of the Ray actor. ``ray.kill`` (how a finished or failed run stops its engines), a node's raylet ending,
+    or Ray's memory monitor kill the actor with SIGKILL, which leaves that child running with the model and its KV
+    cache (seen: two orphaned engine cores, 7.5 GB, after a run that Ray's memory monitor ended). A polled parent id
+    rather than ``prctl(PR_SET_PDEATHSIG)``: that signal follows the parent *thread* that spawned the child, not the
+    actor process."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
+    thread.start()
+    return thread
+
+
 if sys.modules.get("vllm") is not None:  # inside a vLLM worker (vLLM imports this module as its worker_extension_cls)
     import vllm.model_executor.layers.utils as _layer_utils
 
     _layer_utils.dispatch_cpu_unquantized_gemm = _plain_cpu_gemm
+    exit_with_parent()
 
 
 class StateDictBox:
