@@ -72,10 +72,12 @@ class EngineWorkerExtension(WorkerWrap):
     """
 
     def _reload(self, weights) -> None:
+        from marti_ibrl.rollout.engines import param_hashes
+
         weights = list(weights)
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-        self._loaded = getattr(self, "_loaded", {})
-        self._loaded.update((name, w.detach().to("cpu", copy=True)) for name, w in weights)
+        self._loaded = getattr(self, "_loaded", {})  # name -> sha256 (a copy of the weights cost their size in RAM)
+        self._loaded.update(param_hashes(weights))
 
     def update_weight(self, name, dtype, shape, empty_cache=False):
         if self.device.type != "cpu":
@@ -106,11 +108,11 @@ class EngineWorkerExtension(WorkerWrap):
 
         vLLM's served parameters cannot be compared with the trainer's: it fuses q/k/v and gate/up under other names
         and pads the vocabulary (and with vLLM-CPU's prepacking on, keeps linear weights only in kernel form). So the
-        worker keeps the checkpoint-format tensors of its last loads; that they are also what it serves is tested by
-        comparing its greedy output with HF's on the same weights (tests/test_vllm_engine.py).
+        worker keeps the hashes of the checkpoint-format tensors of its last loads; that they are also what it serves
+        is tested by comparing its greedy output with HF's on the same weights (tests/test_vllm_engine.py).
         """
-        from marti_ibrl.rollout.engines import params_digest
+        from marti_ibrl.rollout.engines import combine_param_hashes
 
         if not getattr(self, "_loaded", None):
             raise RuntimeError("weights_digest: no weights were loaded into this engine since it started")
-        return params_digest(self._loaded.items())
+        return combine_param_hashes(self._loaded)
