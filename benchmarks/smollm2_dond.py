@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -96,7 +97,8 @@ def _run(cmd: list[str], log: Path) -> float:
     with log.open("a") as f:
         f.write("$ " + shlex.join(cmd) + "\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, text=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the per-iteration table as it is printed
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, text=True, env=env)
         for line in proc.stdout:
             f.write(line)
             if line.startswith(("|", "[marti-ibrl]")) or "iteration" in line.lower():  # the per-iteration table
@@ -176,7 +178,8 @@ def train_command(out: Path, profile: Profile, sft: str) -> list[str]:
 def run_checks(run: Path) -> dict:
     """Per role, from ``RUN/sync_checks.jsonl`` (``--train.check_sync``: the run stops on an engine that does not
     hold its actor's weights) and the history: iterations it updated, whether its weights changed since start-up,
-    and the iterations after which its engines were checked equal to its actor."""
+    and the iterations after which its engines were checked equal to its actor. An update whose advantages are all
+    0 (every reward of every group equal: a policy that never closes a deal) leaves the weights as they were."""
     from marti_ibrl.eval.diagnostics import load_history
 
     history = load_history(run)
@@ -185,14 +188,16 @@ def run_checks(run: Path) -> dict:
     out = {}
     for role in sorted({c["role"] for c in checks}):
         ks = sorted(k for k, r in by if r == role)
+        updated = [m for m in history if m.get(f"{role}/updated", 0) == 1]
         out[role] = {
-            "updated": sum(int(m.get(f"{role}/updated", 0) == 1) for m in history),
+            "updated": len(updated),
+            "with_signal": sum(m.get(f"{role}/adv_abs_mean", 0) > 0 for m in updated),  # not every reward equal
             "weights_changed": by[(ks[0], role)]["actor"] != by[(ks[-1], role)]["actor"],
             "engines_synced": sum(all(d == by[(k, role)]["actor"] for d in by[(k, role)]["engines"]) for k in ks),
             "checks": len(ks),
         }
-        if out[role]["updated"] and not out[role]["weights_changed"]:
-            raise RuntimeError(f"{role} updated {out[role]['updated']} time(s) but its weights did not change: {run}")
+        if out[role]["with_signal"] and not out[role]["weights_changed"]:
+            raise RuntimeError(f"{role} updated with non-zero advantages but its weights did not change: {run}")
     return out
 
 
@@ -319,7 +324,8 @@ def markdown(data: dict, png: Path) -> str:
         ]
     if data.get("checks"):
         lines += ["", "Checks of the run (`--train.check_sync`): " + "; ".join(
-            f"{r}: updated in {c['updated']} iterations, weights changed {'yes' if c['weights_changed'] else 'no'}, "
+            f"{r}: updated in {c['updated']} iterations ({c['with_signal']} with non-zero advantages), weights "
+            f"changed {'yes' if c['weights_changed'] else 'no'}, "
             f"engines equal to the actor after {c['engines_synced']} of {c['checks']} checks (start-up included)"
             for r, c in data["checks"].items()) + "."]  # fmt: skip
     lines += ["", "## What this shows", "", data.get("notes") or "(see the closing note of the run)", ""]
