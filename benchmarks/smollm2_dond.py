@@ -244,6 +244,8 @@ def curves(run: Path) -> dict:
 
 
 def figure(data: dict, png: Path) -> Path:
+    from matplotlib.ticker import MaxNLocator
+
     from marti_ibrl.eval.diagnostics import _figure, _save, ema, finish_axes
 
     c = data["curves"]
@@ -260,6 +262,7 @@ def figure(data: dict, png: Path) -> Path:
             xs, ys = [x for x, _ in pts], [v for _, v in pts]
             ax.plot(xs, ys, color=f"C{j}", alpha=0.35, lw=1)
             ax.plot(xs, ema(ys, 0.3), color=f"C{j}", lw=2, label=k.removesuffix("/reward"))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         finish_axes(ax, xlabel="iteration", ylabel=ylabel, title=title)
     return _save(fig, png)
 
@@ -307,8 +310,12 @@ def markdown(data: dict, png: Path) -> str:
     c = data["curves"]
     if c["iteration"]:
         k = min(3, len(c["iteration"]))
+        def mean(vals):  # a role not updated in an iteration has no reward there
+            vals = [v for v in vals if v is not None]
+            return sum(vals) / len(vals) if vals else float("nan")
+
         first, last = (
-            {key: sum(v for v in vals[sl] if v is not None) / k for key, vals in c.items() if key != "iteration"}
+            {key: mean(vals[sl]) for key, vals in c.items() if key != "iteration"}
             for sl in (slice(0, k), slice(-k, None))
         )
         lines += [
