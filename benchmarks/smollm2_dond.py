@@ -38,7 +38,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -359,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/smollm2_dond", help="work directory (checkpoints, episodes, logs)")
     parser.add_argument("--quick", action="store_true", help="2 iterations, few scenarios: the pipeline in minutes")
     parser.add_argument("--iterations", type=int, default=None, help="IB-RL iterations (default 20; quick 2)")
+    parser.add_argument("--eval-scenarios", type=int, default=None, help="held-out scenarios per evaluation (40)")
     parser.add_argument("--results", default=None, help="report path (default benchmarks/results/smollm2_dond.md)")
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from the .json beside it")
     args = parser.parse_args(argv)
@@ -366,7 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.iterations is not None:
         if args.iterations < 1:
             parser.error(f"--iterations: must be >= 1, got {args.iterations}")
-        profile = Profile(**{**asdict(profile), "iterations": args.iterations})
+        profile = replace(profile, iterations=args.iterations)
+    if args.eval_scenarios is not None:
+        if args.eval_scenarios < 1:
+            parser.error(f"--eval-scenarios: must be >= 1, got {args.eval_scenarios}")
+        profile = replace(profile, eval_scenarios=args.eval_scenarios)
     default = "smollm2_dond_quick.md" if args.quick else "smollm2_dond.md"
     results = Path(args.results or ROOT / "benchmarks" / "results" / default)
     if args.report_only:
