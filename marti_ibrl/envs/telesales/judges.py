@@ -409,6 +409,6 @@ def make_judges(cfg: Any, lang: str, roles: Sequence[str]) -> tuple[AsyncChatCli
         structured=cfg.structured,
     )
     sampling = {"temperature": cfg.temperature}
-    if getattr(cfg, "max_new_tokens", None):
+    if cfg.max_new_tokens is not None:
         sampling["max_new_tokens"] = cfg.max_new_tokens
     return client, {r: JUDGES[r](client, lang=lang, sampling=sampling) for r in roles}
