@@ -251,6 +251,10 @@ _ROLE_FLAG = re.compile(r"^role(\d+)\.(.+)$")
 VERBATIM = frozenset({"judge.structured"})
 """Flags whose value is a word taken as written: YAML (omegaconf's grammar) would read ``on`` / ``off`` as booleans."""
 ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")
+"""``--roleN.advantage_estimator``: OpenRLHF's estimators that baseline within a group, the (role, scenario) groups of
+Eq. 4 (patch 0005's ``grouped_reward_baseline``; tests/test_advantages.py checks each against a plain reference).
+OpenRLHF's others are refused: ``reinforce`` (no baseline), ``flash_reinforce`` (the whole batch's mean, across
+groups and so across opponents' pairings) and ``gae`` (a critic)."""
 ENGINES = ("auto", "vllm", "hf")
 VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads ("Unsupported CPU attention configuration")
 ABLATIONS = ("none", "shared_reward", "joint_norm", "no_stabilization")

@@ -14,13 +14,12 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker, g
 from transformers import AutoTokenizer
 
 from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key, role_advantages
+from marti_ibrl.config import ESTIMATORS  # every one the config accepts, checked against the patched OpenRLHF
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
 from marti_ibrl.rollout.dialogue import Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
 from marti_ibrl.tiny import build_tiny_model, dond_corpus
 from marti_ibrl.trainer import members, role_samples
-
-ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")
 
 
 def loop_reference(rewards: list[float], ids: list[str], estimator: str) -> list[float]:
