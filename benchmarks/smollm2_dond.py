@@ -310,6 +310,7 @@ def markdown(data: dict, png: Path) -> str:
     c = data["curves"]
     if c["iteration"]:
         k = min(3, len(c["iteration"]))
+
         def mean(vals):  # a role not updated in an iteration has no reward there
             vals = [v for v in vals if v is not None]
             return sum(vals) / len(vals) if vals else float("nan")
