@@ -138,11 +138,11 @@ def stage_validity(out: Path, profile: Profile, ledger: Ledger, name: str, model
         env, _ = make_env(env_config(), 0)
         scenarios = generate_scenarios(profile.validity_scenarios, 3)  # neither SFT's (1) nor training's seeds
         r = recipe().rollout
-        report = validity_report(model_dir, env, scenarios, n_turns=4, seed=0, max_new_tokens=int(r.max_new_tokens))
+        check = validity_report(model_dir, env, scenarios, n_turns=4, seed=0, max_new_tokens=int(r.max_new_tokens))
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1))
+        path.write_text(json.dumps(check, indent=1))
         ledger.add(f"validity {name}", time.perf_counter() - t0)
-        _log(f"validity {name}: protocol-valid turns {report['protocol']:.1%}, truncated {report['truncated']:.1%}")
+        _log(f"validity {name}: protocol-valid turns {check['protocol']:.1%}, truncated {check['truncated']:.1%}")
     return json.loads(path.read_text())
 
 
@@ -340,7 +340,7 @@ def markdown(data: dict, png: Path) -> str:
     return "\n".join(lines)
 
 
-def report(out: Path | None, results: Path, data: dict | None = None) -> Path:
+def report(results: Path, data: dict | None = None) -> Path:
     """Write ``results`` (+ ``.png``, ``.json``) from ``data`` (or from the ``.json`` kept beside ``results``)."""
     data_path = results.with_suffix(".json")
     if data is None:
@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     default = "smollm2_dond_quick.md" if args.quick else "smollm2_dond.md"
     results = Path(args.results or ROOT / "benchmarks" / "results" / default)
     if args.report_only:
-        report(None, results)
+        report(results)
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         "curves": curves(run),
         "checks": run_checks(run),
     }
-    report(out, results, data)
+    report(results, data)
     _log(f"done in {(time.perf_counter() - t0) / 60:.1f} min (this invocation)")
     return 0
 

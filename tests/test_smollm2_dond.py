@@ -118,7 +118,7 @@ def test_report_renders_from_the_kept_record(bench, tmp_path):
         },
     }
     results = tmp_path / "r.md"
-    bench.report(None, results, data)
+    bench.report(results, data)
     text = results.read_text()
     assert "Compute: **30.0 min** in all" in text
     assert "| sft | 50.0% | 10.0% | 40 |" in text
@@ -126,5 +126,5 @@ def test_report_renders_from_the_kept_record(bench, tmp_path):
     assert "agent1/reward 0.200 → 0.200" in text and "rollout/agreement 0.500 → 0.500" in text
     assert results.with_suffix(".png").stat().st_size > 10_000
     (tmp_path / "r.json").write_text(json.dumps({**data, "notes": "Read this."}))
-    bench.report(None, results)  # --report-only: from the .json, notes kept
+    bench.report(results)  # --report-only: from the .json, notes kept
     assert "Read this." in results.read_text()
