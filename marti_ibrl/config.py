@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from marti_ibrl.algorithm.ablations import ABLATIONS
+from marti_ibrl.algorithm.ablations import resolve as resolve_ablation
 
 
 class ConfigError(ValueError):
@@ -244,7 +248,8 @@ class Config:
     pool: PoolConfig = field(default_factory=PoolConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     ablation: str = "none"
-    """Table 3 ablations: ``none``, ``shared_reward``, ``joint_norm``, ``no_stabilization`` (algorithm/ablations.py)."""
+    """Table 3 ablations: ``none``, ``shared_reward``, ``joint_norm``, ``no_stabilization`` (the registry:
+    ``algorithm/ablations.py``; :func:`load_config` applies its config changes)."""
 
 
 _ROLE_FLAG = re.compile(r"^role(\d+)\.(.+)$")
@@ -252,12 +257,12 @@ VERBATIM = frozenset({"judge.structured"})
 """Flags whose value is a word taken as written: YAML (omegaconf's grammar) would read ``on`` / ``off`` as booleans."""
 ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")
 """``--roleN.advantage_estimator``: OpenRLHF's estimators that baseline within a group, the (role, scenario) groups of
-Eq. 4 (patch 0005's ``grouped_reward_baseline``; tests/test_advantages.py checks each against a plain reference).
-OpenRLHF's others are refused: ``reinforce`` (no baseline), ``flash_reinforce`` (the whole batch's mean, across
-groups and so across opponents' pairings) and ``gae`` (a critic)."""
+Eq. 4: exactly patch 0005's ``GROUP_ESTIMATORS``, the ones its ``grouped_reward_baseline`` computes (and refuses
+any other name); tests/test_advantages.py checks the two lists are equal and each estimator against a plain
+reference. OpenRLHF's others are refused here and there: ``reinforce`` (no baseline), ``flash_reinforce`` (the
+whole batch's mean, across groups and so across opponents' pairings) and ``gae`` (a critic)."""
 ENGINES = ("auto", "vllm", "hf")
 VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads ("Unsupported CPU attention configuration")
-ABLATIONS = ("none", "shared_reward", "joint_norm", "no_stabilization")
 
 
 def env_roles(env_name: str) -> tuple[str, ...]:
@@ -384,6 +389,9 @@ def load_config(argv: list[str], assumed: list[str] | None = None) -> Config:
     except OmegaConfBaseException as e:
         raise ConfigError(f"missing value: --{_flag_name(e.full_key)} ({_first_line(e)})") from None
     validate(cfg, Existence(assumed))
+    cfg, changes = resolve_ablation(cfg)  # once, here: trainer, plan and placement all see the effective config
+    for line in changes:
+        print(f"--ablation {cfg.ablation}: {line}", file=sys.stderr)
     return cfg
 
 
@@ -441,7 +449,7 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
     need(cfg.ckpt.save_steps == -1 or cfg.ckpt.save_steps >= 1, "ckpt.save_steps", "must be -1 or >= 1")
     names = [r.name for r in cfg.roles]
     need(len(set(names)) == len(names), "roles", f"role names must be unique, got {names}")
-    need(cfg.ablation in ABLATIONS, "ablation", f"must be one of {ABLATIONS}")
+    need(cfg.ablation in ABLATIONS, "ablation", f"must be one of {tuple(ABLATIONS)}")
     trained = [r for r in cfg.roles if not r.frozen]
     need(bool(trained), "roles", "every role is frozen: nothing to train")
     for i, role in enumerate(cfg.roles, start=1):

@@ -13,8 +13,8 @@ the order :meth:`RoleStack.start <marti_ibrl.backend.openrlhf_glue.RoleStack.sta
 
 Per frozen role (unilateral baselines), each ``checkpoint:`` counterpart gets ``roleN.num_engines`` engines of
 ``roleN.tensor_parallel_size`` GPUs. Apart from a colocated reference, every component has GPUs of its own (no vLLM
-sleep / hybrid engine). The trainer resolves ``--ablation``
-first (``no_stabilization`` turns the pools off), so :func:`placement` does too.
+sleep / hybrid engine). ``cfg`` is a run's effective config: :func:`~marti_ibrl.config.load_config` has applied
+its ``--ablation`` (``no_stabilization`` turns the pools off).
 """
 
 from __future__ import annotations
@@ -65,9 +65,6 @@ def frozen_checkpoints(role: RoleConfig) -> list[str]:
 
 def placement(cfg: Config) -> list[Component]:
     """Every component the trainer starts, with its device count (see the module docstring)."""
-    from marti_ibrl.algorithm.ablations import resolve
-
-    cfg, _ = resolve(cfg)
     out = []
     for role in cfg.roles:
         tp = role.tensor_parallel_size

@@ -25,7 +25,7 @@ import ray
 from tqdm import tqdm
 
 from marti_ibrl.algorithm import ablations
-from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key
+from marti_ibrl.algorithm.advantages import group_key, members
 from marti_ibrl.algorithm.batching import RankSplit
 from marti_ibrl.algorithm.pool import (
     BOTH,
@@ -96,25 +96,6 @@ class ScenarioSampler:
         self._order = self._shuffled()
 
 
-def members(trajectories: Sequence[Trajectory], role: str, needed: Sequence[str] = ()) -> list[Trajectory]:
-    """The trajectories in role i's groups G_{i,q} (Eq. 4): they belong to role i's own pairing of Eq. 6
-    (``learners``, :func:`marti_ibrl.algorithm.pool.pairings`), its *current* policy acted — took the seat and
-    spoke at least once (a dialogue can end before a role's first turn, e.g. the opener's malformed turn or
-    a three-party deal refused early) —, no frozen counterpart failed to answer, and the rewards its training
-    reward needs (``needed``, default its own) were computed: a judge failure drops the trajectory (counted,
-    never trained on as a 0)."""
-    needed = set(needed or [role])
-    return [
-        t
-        for t in trajectories
-        if acted_with_current_policy(t.policies, role)
-        and (t.learners is None or role in t.learners)  # its own Eq. 6 pairing
-        and not t.failed
-        and t.views[role].action_ranges
-        and not needed & t.reward_failures.keys()
-    ]
-
-
 def report_reward_failures(k: int, trajectories: Sequence[Trajectory], roles: Sequence[str]) -> None:
     """One console line per role with dialogues whose reward could not be computed (left out of its groups)."""
     for r in roles:
@@ -176,9 +157,14 @@ class Timer:
 
 class IBRLTrainer:
     def __init__(self, cfg: Config):
-        cfg, changes = ablations.resolve(copy.deepcopy(cfg))  # the caller's config is never modified
-        for line in changes:
-            print(f"--ablation {cfg.ablation}: {line}")
+        cfg = copy.deepcopy(cfg)  # the caller's config is never modified
+        self.ablation = ablations.get(cfg.ablation)  # Table 3; its config changes are load_config's
+        _, pending = self.ablation.resolve(cfg)
+        if pending:  # a config built by hand, not by load_config: refused rather than run half-ablated
+            raise ConfigError(
+                f"--ablation {cfg.ablation} is not applied to this config ({'; '.join(pending)}): "
+                "make it with marti_ibrl.config.load_config or ablations.resolve"
+            )
         self.cfg = cfg
         device = resolve_device(cfg.train.device)  # ConfigErrors come before anything is written or started
         self.env, scenarios = make_env(cfg.env, cfg.train.seed)
@@ -301,25 +287,25 @@ class IBRLTrainer:
             self.finish_snapshots()
         scored = self.training_rewards(trajectories)  # Eq. 4 membership; R_i (or an ablation's reward)
         report_reward_failures(k, trajectories, self.roles)  # e.g. a failed judgement: out of that role's groups
-        due = [r for r in schedule if scored[r]]  # a role facing nobody as its current self has nothing to learn
-        with timer("experience"), ThreadPoolExecutor(max(1, len(due))) as pool:  # per-role masks m_i, Eq. 4
-            precomputed = cfg.ablation == "joint_norm"
-            samples = {r: role_samples(scored[r], r, cfg.rollout.max_len) for r in due}
+        learning = [r for r in schedule if scored[r]]  # due, and with group members: something to learn from
+        with timer("experience"), ThreadPoolExecutor(max(1, len(learning))) as pool:  # per-role masks m_i, Eq. 4
+            precomputed = self.ablation.joint_baseline  # advantages already made over every role (Table 3)
+            samples = {r: role_samples(scored[r], r, cfg.rollout.max_len) for r in learning}
             experiences = dict(
-                zip(due, pool.map(lambda r: self.stacks[r].make_experiences(samples[r], precomputed), due))
+                zip(learning, pool.map(lambda r: self.stacks[r].make_experiences(samples[r], precomputed), learning))
             )
         with timer("update"):  # Eq. 5, each role's own optimizer; roles that are not due do not step
             # every sample once per epoch on one rank; zero-weight padding fills the ranks' micro-batches
-            fits = {r: self.stacks[r].fit_async(experiences[r], seed=self._seed(f"update/{r}", k)) for r in due}
+            fits = {r: self.stacks[r].fit_async(experiences[r], seed=self._seed(f"update/{r}", k)) for r in learning}
             status = {r: ray.get(refs)[0] for r, (refs, _) in fits.items() if refs is not None}
             splits = {r: split for r, (_, split) in fits.items()}
-            due = list(status)  # (a role without samples is not due: it never reaches fit_async)
+            updated = list(status)  # the roles whose optimizer stepped
         with timer("weight_sync"):  # only updated roles re-sync their engines
-            ray.get([ref for r in due for ref in self.stacks[r].sync_engines_async()])
-        for r in due:
+            ray.get([ref for r in updated for ref in self.stacks[r].sync_engines_async()])
+        for r in updated:
             self.updates[r] += 1
         with timer("snapshot"):  # Alg. 1 line 13: exports start now and overlap the next rollout
-            self.start_snapshots(k, due)
+            self.start_snapshots(k, updated)
         self.rollout_log.append(
             {
                 "iteration": k,
@@ -399,15 +385,15 @@ class IBRLTrainer:
 
     def training_rewards(self, trajectories: Sequence[Trajectory]) -> dict[str, list[tuple[Trajectory, float]]]:
         """Per trained role, its group members (Eq. 4) with the reward it optimises (R_i, or an ablation's)."""
-        ablation = self.cfg.ablation
+        ablation = self.ablation
         scored = {
             r: [
-                (t, ablations.training_reward(ablation, t, r))
-                for t in members(trajectories, r, ablations.rewards_needed(ablation, r, self.roles))
+                (t, ablation.training_reward(t, r))
+                for t in members(trajectories, r, ablation.rewards_needed(r, self.roles))
             ]
             for r in self.trained
         }
-        if ablation == "joint_norm":
+        if ablation.joint_baseline:
             flat = [(r, t.scenario_uid, x) for r in self.trained for t, x in scored[r]]
             shaped = iter(ablations.joint_normalized_advantages(flat))
             scored = {r: [(t, next(shaped)) for t, _ in scored[r]] for r in self.trained}

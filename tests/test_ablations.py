@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from marti_ibrl.algorithm.ablations import joint_normalized_advantages, resolve, training_reward
+from marti_ibrl.algorithm.ablations import ABLATIONS, get, joint_normalized_advantages, resolve
 from marti_ibrl.algorithm.advantages import role_advantages
-from marti_ibrl.config import ABLATIONS, Config, RoleConfig
+from marti_ibrl.config import Config, ConfigError, RoleConfig, load_config
 from marti_ibrl.rollout.dialogue import Trajectory
 
 
@@ -30,17 +30,17 @@ def _traj(rewards: dict[str, float]) -> Trajectory:
 def test_training_reward_is_the_roles_own_reward_without_shared_reward() -> None:
     t = _traj({"agent1": 3.0, "agent2": 5.0})
     for ablation in ("none", "joint_norm", "no_stabilization"):
-        assert training_reward(ablation, t, "agent1") == 3.0
-        assert training_reward(ablation, t, "agent2") == 5.0
+        assert get(ablation).training_reward(t, "agent1") == 3.0
+        assert get(ablation).training_reward(t, "agent2") == 5.0
 
 
 def test_shared_reward_is_the_sum_of_every_roles_reward() -> None:
     t = _traj({"agent1": 3.0, "agent2": 5.0})
-    assert training_reward("shared_reward", t, "agent1") == 8.0
-    assert training_reward("shared_reward", t, "agent2") == 8.0
+    assert get("shared_reward").training_reward(t, "agent1") == 8.0
+    assert get("shared_reward").training_reward(t, "agent2") == 8.0
     t3 = _traj({"agent1": -1.0, "agent2": 2.5, "agent3": 4.0})
-    assert training_reward("shared_reward", t3, "agent3") == 5.5
-    assert isinstance(training_reward("shared_reward", t, "agent1"), float)
+    assert get("shared_reward").training_reward(t3, "agent3") == 5.5
+    assert isinstance(get("shared_reward").training_reward(t, "agent1"), float)
 
 
 # -- joint_normalized_advantages -------------------------------------------------------------------------------------
@@ -139,6 +139,41 @@ def test_no_stabilization_on_an_already_stable_config_changes_nothing() -> None:
     out, lines = resolve(cfg)
     assert lines == []
     assert out == cfg
+
+
+def test_the_registry_is_table_3() -> None:
+    assert list(ABLATIONS) == ["none", "shared_reward", "joint_norm", "no_stabilization"]
+    switches = {n: (a.shared_reward, a.joint_baseline, a.stabilization) for n, a in ABLATIONS.items()}
+    assert switches == {
+        "none": (False, False, True),  # the full method
+        "shared_reward": (True, False, True),
+        "joint_norm": (False, True, True),
+        "no_stabilization": (False, False, False),
+    }  # each ablation switches off exactly one component
+    with pytest.raises(ValueError, match=r"unknown ablation 'bogus': must be one of \('none', 'shared_reward'"):
+        get("bogus")
+
+
+def test_load_config_applies_the_ablation_once(tmp_path, capsys) -> None:
+    """The effective config comes out of load_config (so trainer, plan and placement agree); a hand-made config
+    that still needs the ablation's changes is refused by the trainer before anything starts."""
+    from marti_ibrl.tiny import build_tiny_dond_model
+    from marti_ibrl.trainer import IBRLTrainer
+
+    m = build_tiny_dond_model(tmp_path / "tiny")
+    flags = ["--role1.pretrain", m, "--role2.pretrain", m, "--role2.update_every", "2"]
+    cfg = load_config([*flags, "--ablation", "no_stabilization", "--ckpt.path", str(tmp_path / "run")])
+    assert cfg.pool.probs == [1.0, 0.0, 0.0] and [r.update_every for r in cfg.roles] == [1, 1]
+    err = capsys.readouterr().err
+    assert "--ablation no_stabilization: pool.probs [0.7, 0.2, 0.1] -> [1.0, 0, ...] (no opponent pool)" in err
+    assert "--ablation no_stabilization: role2.update_every 2 -> 1 (no staggered updates)" in err
+    assert resolve(cfg) == (cfg, [])  # applied: resolving again changes nothing
+    plain = load_config([*flags, "--ckpt.path", str(tmp_path / "run")])
+    assert plain.pool.probs == [0.7, 0.2, 0.1] and plain.roles[1].update_every == 2
+    plain.ablation = "no_stabilization"  # by hand, without its changes
+    with pytest.raises(ConfigError, match="--ablation no_stabilization is not applied to this config"):
+        IBRLTrainer(plain)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
 @pytest.mark.parametrize("ablation", [a for a in ABLATIONS if a != "no_stabilization"])

@@ -13,13 +13,13 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker, grouped_reward_baseline
 from transformers import AutoTokenizer
 
-from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key, role_advantages
+from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key, members, role_advantages
 from marti_ibrl.config import ESTIMATORS  # every one the config accepts, checked against the patched OpenRLHF
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
 from marti_ibrl.rollout.dialogue import Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
 from marti_ibrl.tiny import build_tiny_model, dond_corpus
-from marti_ibrl.trainer import members, role_samples
+from marti_ibrl.trainer import role_samples
 
 
 def loop_reference(rewards: list[float], ids: list[str], estimator: str) -> list[float]:
@@ -95,6 +95,17 @@ def test_reordering_invariance_on_float_rewards() -> None:
     base = role_advantages(rewards, uids, "agent2")
     perm = torch.randperm(20, generator=gen)
     torch.testing.assert_close(role_advantages(rewards[perm], [uids[i] for i in perm], "agent2"), base[perm])
+
+
+def test_estimators_are_exactly_the_patched_group_baselines() -> None:
+    """One list: the config accepts what patch 0005 computes, and an estimator without a group baseline (or a typo)
+    is an error in both, never raw rewards passed through."""
+    from openrlhf.trainer.ppo_utils.experience_maker import GROUP_ESTIMATORS
+
+    assert ESTIMATORS == GROUP_ESTIMATORS
+    for name in ("gae", "reinforce", "flash_reinforce", "group-norm"):
+        with pytest.raises(ValueError, match=f"estimator '{name}' has no group baseline"):
+            grouped_reward_baseline(torch.tensor([1.0, 2.0]), ["g", "g"], name)
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)

@@ -113,7 +113,7 @@ def test_rewards_are_the_judges_verdicts(run, judge_server):
 
 
 def test_judge_failure_drops_the_call_from_its_group_only(run, judge_server):
-    from marti_ibrl.trainer import members
+    from marti_ibrl.algorithm.advantages import members
 
     trainer, history, played = run
     failed = [t for t in played if "customer" in t.reward_failures]

@@ -254,9 +254,10 @@ def test_a_failed_text_turn_ends_only_that_dialogue(env, tok, no_ray) -> None:
 
 
 def test_an_unavailable_reward_leaves_only_that_roles_group(env, tok, no_ray, capsys) -> None:
-    from marti_ibrl.algorithm.ablations import rewards_needed
+    from marti_ibrl.algorithm.ablations import ABLATIONS
+    from marti_ibrl.algorithm.advantages import members
     from marti_ibrl.rewards import RewardUnavailable
-    from marti_ibrl.trainer import members, report_reward_failures
+    from marti_ibrl.trainer import report_reward_failures
 
     def judged(traj, role, scenario) -> float:  # a remote reward that is down for scenario s1
         if traj.scenario_uid == "s1":
@@ -273,10 +274,11 @@ def test_an_unavailable_reward_leaves_only_that_roles_group(env, tok, no_ray, ca
             assert t.reward_failures == {} and t.rewards["agent1"] == 0.5
     assert [t.scenario_uid for t in members(trajs, "agent1")] == ["s0"] * N_SAMPLES
     # shared_reward trains agent1 on R_1 + R_2: a call missing either reward cannot be in its group
-    assert rewards_needed("shared_reward", "agent2", ROLES) == list(ROLES) and rewards_needed(
-        "none", "agent2", ROLES
-    ) == ["agent2"]
-    assert members(trajs, "agent1", rewards_needed("shared_reward", "agent1", ROLES)) == members(trajs, "agent1")
+    assert ABLATIONS["shared_reward"].rewards_needed("agent2", ROLES) == list(ROLES)
+    assert ABLATIONS["none"].rewards_needed("agent2", ROLES) == ["agent2"]
+    assert members(trajs, "agent1", ABLATIONS["shared_reward"].rewards_needed("agent1", ROLES)) == members(
+        trajs, "agent1"
+    )
     report_reward_failures(7, trajs, ROLES)  # the trainer's console line, once per role with failures
     assert capsys.readouterr().out == (
         f"iteration 7: {N_SAMPLES} of {len(trajs)} dialogues have no agent1 reward and are left out of its groups "

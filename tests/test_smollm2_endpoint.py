@@ -147,7 +147,7 @@ def judged_iterations(endpoint, tmp_path_factory):
 def test_a_telesales_iteration_judged_by_smollm2(judged_iterations, structured, capsys):
     """Whatever SmolLM2 makes of the rubric, every judged (call, role) gets a reward or a recorded failure, never
     both; a failed one leaves its role's group (not trained on as a 0); the endpoint's counts add up."""
-    from marti_ibrl.trainer import members
+    from marti_ibrl.algorithm.advantages import members
 
     trainer, m, played = judged_iterations[structured]
     assert len(played) == 4 and all(t.state.done for t in played)

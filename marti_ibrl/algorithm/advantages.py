@@ -1,9 +1,9 @@
 """Per-role advantages (paper Eq. 4): Â_g^(i) = (R_i(τ_g) − μ_{i,q}) / σ_{i,q}.
 
-Role i's group G_{i,q} holds the rollouts of scenario q *in which role i's current policy acted*;
-trajectories where the role was played by a historical pool checkpoint (or a frozen counterpart)
-are not in its groups at all. Groups are keyed explicitly by ``(role, scenario_uid)``, never by
-position, so filtering or reordering samples cannot corrupt them.
+Role i's group G_{i,q} holds the rollouts of scenario q *in which role i's current policy acted*
+(:func:`members`); trajectories where the role was played by a historical pool checkpoint (or a frozen
+counterpart) are not in its groups at all. Groups are keyed explicitly by ``(role, scenario_uid)``
+(:func:`group_key`), never by position, so filtering or reordering samples cannot corrupt them.
 
 The arithmetic lives in OpenRLHF (our patch 0005: ``grouped_reward_baseline``, used by
 ``RemoteExperienceMaker.compute_advantages_and_returns`` whenever experiences carry
@@ -15,8 +15,12 @@ reinforce_baseline, dr_grpo — works per role. Conventions: a zero-variance gro
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+    from marti_ibrl.rollout.dialogue import Trajectory
 
 
 def group_key(role: str, scenario_uid: str) -> str:
@@ -27,6 +31,25 @@ def group_key(role: str, scenario_uid: str) -> str:
 def acted_with_current_policy(policies: dict[str, str], role: str) -> bool:
     """Membership rule of G_{i,q}: the role's seat was played by its *current* policy."""
     return policies.get(role) == "current"
+
+
+def members(trajectories: Sequence[Trajectory], role: str, needed: Sequence[str] = ()) -> list[Trajectory]:
+    """The trajectories in role i's groups G_{i,q} (Eq. 4): they belong to role i's own pairing of Eq. 6
+    (``learners``, :func:`marti_ibrl.algorithm.pool.pairings`), its *current* policy acted — took the seat and
+    spoke at least once (a dialogue can end before a role's first turn, e.g. the opener's malformed turn or
+    a three-party deal refused early) —, no frozen counterpart failed to answer, and the rewards its training
+    reward needs (``needed``, default its own) were computed: a judge failure drops the trajectory (counted,
+    never trained on as a 0)."""
+    needed = set(needed or [role])
+    return [
+        t
+        for t in trajectories
+        if acted_with_current_policy(t.policies, role)
+        and (t.learners is None or role in t.learners)  # its own Eq. 6 pairing
+        and not t.failed
+        and t.views[role].action_ranges
+        and not needed & t.reward_failures.keys()
+    ]
 
 
 def role_advantages(
