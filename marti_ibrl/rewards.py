@@ -100,9 +100,9 @@ class RoleRewards:
                 self.fns[role] = load_reward_fn(spec)
 
     def stats(self) -> dict[str, float]:
-        """``judge/ROLE/KEY``: each judge's counts; ``judge/endpoint/KEY``: its endpoint client's (requests, those
+        """``ROLE/judge/KEY``: each judge's counts; ``judge/endpoint/KEY``: its endpoint client's (requests, those
         sent with a JSON schema or without, refused schemas, retries, faults by kind; :mod:`marti_ibrl.llm`)."""
-        out = {f"judge/{r}/{k}": float(v) for r, judge in self.judges.items() for k, v in judge.stats.items()}
+        out = {f"{r}/judge/{k}": float(v) for r, judge in self.judges.items() for k, v in judge.stats.items()}
         if self.client is not None:
             out.update({f"judge/endpoint/{k}": float(v) for k, v in self.client.stats_snapshot().items()})
         return out

@@ -577,8 +577,8 @@ class IBRLTrainer:
         m["rollout/failed"] = sum(t.failed for t in trajectories) / n
         m["pool/configuration"] = float(configurations(self.roles).index(configuration))
         for r, pool in self.pools.items():
-            m[f"pool/{r}/size"] = float(len(pool))
-            m[f"pool/{r}/snapshot_seconds"] = pool.members[-1].seconds if len(pool) else 0.0
+            m[f"{r}/pool/size"] = float(len(pool))
+            m[f"{r}/pool/snapshot_seconds"] = pool.members[-1].seconds if len(pool) else 0.0
         m.update(self.rewards.stats())
         for r in self.roles:
             scored = [t.rewards[r] for t in trajectories if r in t.rewards]

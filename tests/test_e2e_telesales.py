@@ -122,7 +122,7 @@ def test_judge_failure_drops_the_call_from_its_group_only(run, judge_server):
     assert "customer" not in failed[0].rewards
     assert failed[0] not in members(played, "customer") and failed[0] in members(played, "sales")
     assert history[0]["customer/reward_failed"] == 0.25 and history[0]["sales/reward_failed"] == 0.0
-    assert history[0]["judge/customer/failures"] == 1.0 and history[0]["judge/customer/failure:bad_output"] == 1.0
+    assert history[0]["customer/judge/failures"] == 1.0 and history[0]["customer/judge/failure:bad_output"] == 1.0
     # 1 + max_retries attempts for the refused call, one request for every other judged (call, role)
     judged = sum(any(turn.role == r for turn in t.turns) for t in played for r in ("sales", "customer"))
     assert len(judge_server.requests) == judged + 1

@@ -161,12 +161,12 @@ def test_a_telesales_iteration_judged_by_smollm2(judged_iterations, structured, 
             if t not in failed:
                 assert role in t.rewards and -1.0 <= t.rewards[role] <= 1.0  # R in [0, 1]; a malformed turn -1
         assert m[f"{role}/reward_failed"] == pytest.approx(len(failed) / len(played)), role
-        assert m[f"judge/{role}/failures"] == len(failed) and m[f"judge/{role}/scored"] == len(judged) - len(failed)
+        assert m[f"{role}/judge/failures"] == len(failed) and m[f"{role}/judge/scored"] == len(judged) - len(failed)
         if len(failed) < len(judged):  # some call of this role was judged: it trained on it
             assert m[f"{role}/updated"] == 1.0 and m[f"{role}/samples_trained"] > 0, role
     endpoint = {k.removeprefix("judge/endpoint/"): v for k, v in m.items() if k.startswith("judge/endpoint/")}
-    scored = sum(m[f"judge/{r}/scored"] for r in ("sales", "customer"))
-    failures = sum(m[f"judge/{r}/failures"] for r in ("sales", "customer"))
+    scored = sum(m[f"{r}/judge/scored"] for r in ("sales", "customer"))
+    failures = sum(m[f"{r}/judge/failures"] for r in ("sales", "customer"))
     assert endpoint["requests"] == scored + failures + endpoint["retries"]  # one per judgement, plus its retries
     assert (endpoint["successes"], endpoint["failures"]) == (scored, failures)
     sent = (endpoint["structured"], endpoint["unstructured"])

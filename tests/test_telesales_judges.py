@@ -384,7 +384,7 @@ def test_role_rewards_log_the_endpoint_counts(serve, tmp_path) -> None:
         stats = rewards.stats()
     finally:
         rewards.close()
-    assert stats["judge/sales/scored"] == 1.0 and stats["judge/endpoint/requests"] == 1.0
+    assert stats["sales/judge/scored"] == 1.0 and stats["judge/endpoint/requests"] == 1.0
     assert (stats["judge/endpoint/structured"], stats["judge/endpoint/unstructured"]) == (1.0, 0.0)
     assert stats["judge/endpoint/structured_fallbacks"] == 0.0
 
