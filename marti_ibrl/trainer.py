@@ -2,10 +2,10 @@
 
 Exact resume: everything random on the driver is drawn from streams keyed by (seed, stream, iteration)
 (:meth:`IBRLTrainer._rng`), the rollout engines sample with per-call seeds and each update reseeds the
-actors, so iteration k depends only on the committed state before it. ``trainer_state.json`` is the
-commit record, written atomically after every role's DeepSpeed checkpoint of that iteration; on resume
-each role's DeepSpeed ``latest`` is pinned to the committed tag, so a checkpoint written half-way (killed
-during a save) is never picked up.
+actors, so iteration k depends only on the committed state before it: ``trainer_state.json``, the commit
+record (:mod:`marti_ibrl.commit`), written atomically after every role's DeepSpeed checkpoint of that iteration;
+on resume each role's DeepSpeed ``latest`` is pinned to the committed tag, so a checkpoint written half-way
+(killed during a save) is never picked up.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from marti_ibrl.algorithm.pool import (
 from marti_ibrl.algorithm.schedule import roles_due
 from marti_ibrl.backend.nodes import NodeLostError, NodeWatch, loss_message
 from marti_ibrl.backend.openrlhf_glue import RoleStack, engine_kind, init_ray, kill_actors, start_engines
+from marti_ibrl.commit import STATE_FILE, Commit, pin_deepspeed_latest
 from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
 from marti_ibrl.device import resolve_device
 from marti_ibrl.envs import make_env
@@ -49,7 +50,6 @@ from marti_ibrl.rollout.render import role_experience
 from marti_ibrl.rollout.runner import DialogueRunner, Policy, first_turns_overflowing
 from marti_ibrl.topology import topology, write_topology
 
-STATE_FILE = "trainer_state.json"
 SYNC_CHECKS_FILE = "sync_checks.jsonl"  # --train.check_sync
 
 
@@ -156,6 +156,11 @@ class Timer:
 
 
 class IBRLTrainer:
+    """One IB-RL run: :meth:`fit` runs iterations ``start_iteration..train.iterations`` (:meth:`iteration`), saving
+    and committing as it goes. Start-up, in the order of the steps below: the run directory and its commit record
+    (:mod:`marti_ibrl.commit`), every role's processes (Ray, DeepSpeed ranks, engines), the rollout (rewards,
+    runner), the opponent pools, then the committed state when resuming."""
+
     def __init__(self, cfg: Config):
         cfg = copy.deepcopy(cfg)  # the caller's config is never modified
         self.ablation = ablations.get(cfg.ablation)  # Table 3; its config changes are load_config's
@@ -171,14 +176,38 @@ class IBRLTrainer:
         check_first_turns_fit(cfg, self.env, scenarios)
         self.roles = [r.name for r in cfg.roles]  # every seat
         self.trained = [r.name for r in cfg.roles if not r.frozen]
+        self.sampler = ScenarioSampler(scenarios, cfg.train.seed)
+        commit = self._open_run_dir()
+        self._start_processes(device, commit)
+        self._start_rollout()
+        self._start_pools()
+        self.updates = {r: 0 for r in self.trained}  # each role's update count (schedule, snapshot versions)
+        self.start_iteration = 1
+        self.history: list[dict] = []
+        self.rollout_log: list[dict] = []  # per iteration: configuration, opponents, scenario order
+        if commit is not None:
+            self._resume(commit)
+        self.logger = self._make_logger()
+
+    def _open_run_dir(self) -> Commit | None:
+        """``--ckpt.path`` with the run's config; its last commit when resuming (``--ckpt.load_enable``)."""
+        cfg = self.cfg
         self.run_dir = Path(cfg.ckpt.path)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-        self.sampler = ScenarioSampler(scenarios, cfg.train.seed)
-        state = self._committed_state() if cfg.ckpt.load_enable else None
-        if cfg.ckpt.load_enable and state is None:  # nothing committed: never load a half-written checkpoint
+        commit = Commit.read(self.run_dir) if cfg.ckpt.load_enable else None
+        if cfg.ckpt.load_enable and commit is None:  # nothing committed: never load a half-written checkpoint
             print(f"--ckpt.load_enable: no {STATE_FILE} in {self.run_dir}, starting from iteration 1")
             cfg.ckpt.load_enable = False
+        if commit is not None:
+            commit.check(cfg.train.seed)
+        return commit
+
+    def _start_processes(self, device: str, commit: Commit | None) -> None:
+        """Ray, every trained role's stack (DeepSpeed ranks, reference, engines), the frozen roles' counterparts;
+        ``RUN/topology.json``; the actors' models (loaded from the committed tag when resuming), then the engines
+        synced to them."""
+        cfg = self.cfg
         init_ray(cfg, device)
         self.stacks = {r.name: RoleStack.start(cfg, r, device) for r in cfg.roles if not r.frozen}
         self.frozen = {r.name: self._frozen_policies(r, device) for r in cfg.roles if r.frozen}
@@ -192,12 +221,17 @@ class IBRLTrainer:
             placed={r: s.node_ids() for r, s in self.stacks.items()},  # which node each process runs on
         )
         write_topology(self.run_dir, self.topology)
-        if state is not None:
-            self._pin_deepspeed_latest(state["iteration"])
+        if commit is not None:
+            actors = [Path(s.args.ckpt.path) / "_actor" for s in self.stacks.values()]
+            pin_deepspeed_latest(self.run_dir, actors, commit.iteration)
         ray.get([ref for s in self.stacks.values() for ref in s.init_models(cfg.train.iterations)])
         # engines start from the actor's weights (as loaded, in its dtype), exactly as after any update
         ray.get([ref for s in self.stacks.values() for ref in s.sync_engines_async()])
-        self.rewards = RoleRewards(cfg, self.env)  # R_i per role: rule, LLM judge or a user function
+
+    def _start_rollout(self) -> None:
+        """R_i per role (rule, LLM judge or a user function) and the dialogue runner."""
+        cfg = self.cfg
+        self.rewards = RoleRewards(cfg, self.env)
         sampling = {
             "temperature": cfg.rollout.temperature,
             "top_p": cfg.rollout.top_p,
@@ -211,6 +245,10 @@ class IBRLTrainer:
             cfg.env.max_resamples,
             reward_workers=max(4, cfg.judge.max_concurrency) if self.rewards.judges else 4,
         )
+
+    def _start_pools(self) -> None:
+        """Each trained role's opponent pool (Eq. 6), when pools are on."""
+        cfg = self.cfg
         self.pools = {}
         if uses_pool(cfg):
             self.pools = {
@@ -219,13 +257,6 @@ class IBRLTrainer:
         self.pool_loaded: dict[str, int] = {}  # role -> snapshot version its pool engines hold
         self.pending_snapshots: list[tuple[str, int, int, list]] = []  # (role, version, iteration, refs)
         self.committed_pool_files: dict[str, set[str]] = {r: set() for r in self.pools}
-        self.updates = {r: 0 for r in self.trained}  # each role's update count (schedule, snapshot versions)
-        self.start_iteration = 1
-        self.history: list[dict] = []
-        self.rollout_log: list[dict] = []  # per iteration: configuration, opponents, scenario order
-        if state is not None:
-            self._resume(state)
-        self.logger = self._make_logger()
 
     def _rng(self, stream: str, k: int) -> random.Random:
         """The random stream ``stream`` of iteration k: a function of (seed, stream, k) only (exact resume)."""
@@ -463,7 +494,7 @@ class IBRLTrainer:
         kill_actors(e for policies in self.frozen.values() for p in policies for e in p.engines)
 
     def _node_lost(self, lost: list[dict], k: int) -> NodeLostError:
-        committed = (self._committed_state() or {}).get("iteration", 0)
+        committed = getattr(Commit.read(self.run_dir), "iteration", 0)
         placed = {r: v.get("placed_on", {}) for r, v in self.topology["trained"].items()}
         return NodeLostError(loss_message(lost, placed, k, committed, str(self.run_dir)))
 
@@ -508,52 +539,33 @@ class IBRLTrainer:
         if final:
             refs += [ref for s in self.stacks.values() for ref in s.save_hf_async()]
         ray.get(refs)
-        state = {
-            "iteration": k,
-            "seed": self.cfg.train.seed,
-            "updates": self.updates,
-            "sampler": self.sampler.state_dict(),
-            "pools": {r: pool.manifest() for r, pool in self.pools.items()},
-            "history": self.history,
-            "rollout_log": self.rollout_log,
-        }
-        tmp = self.run_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        tmp.replace(self.run_dir / STATE_FILE)  # atomic: a half-written state is never picked up
+        Commit(
+            iteration=k,
+            seed=self.cfg.train.seed,
+            updates=self.updates,
+            sampler=self.sampler.state_dict(),
+            pools={r: pool.manifest() for r, pool in self.pools.items()},
+            history=self.history,
+            rollout_log=self.rollout_log,
+        ).write(self.run_dir)  # atomic: a half-written record is never picked up
         for r, pool in self.pools.items():
             self.committed_pool_files[r] = {m.file for m in pool.members}
             pool.gc(set())
 
-    def _committed_state(self) -> dict | None:
-        path = self.run_dir / STATE_FILE
-        return json.loads(path.read_text()) if path.exists() else None
-
-    def _pin_deepspeed_latest(self, k: int) -> None:
-        """Point every role's DeepSpeed ``latest`` at the committed tag (a later, half-written one is ignored)."""
-        tag = f"global_step{k}"
-        for stack in self.stacks.values():
-            ckpt = Path(stack.args.ckpt.path) / "_actor"
-            if not (ckpt / tag).is_dir():
-                raise FileNotFoundError(
-                    f"resume: {self.run_dir / STATE_FILE} commits iteration {k}, but {ckpt / tag} is missing"
-                )
-            (ckpt / "latest").write_text(tag)
-
-    def _resume(self, state: dict) -> None:
-        if state["seed"] != self.cfg.train.seed:
-            raise ValueError(f"resume: the run was made with --train.seed {state['seed']}, not {self.cfg.train.seed}")
-        self.start_iteration = state["iteration"] + 1
+    def _resume(self, commit: Commit) -> None:
+        """Continue after the committed iteration: counters, sampler, history and pools as they were then."""
+        self.start_iteration = commit.iteration + 1
         print(
-            f"--ckpt.load_enable: {self.run_dir} commits iteration {state['iteration']}; resuming at iteration "
+            f"--ckpt.load_enable: {self.run_dir} commits iteration {commit.iteration}; resuming at iteration "
             f"{self.start_iteration} of {self.cfg.train.iterations}",
             flush=True,
         )
-        self.updates = dict(state["updates"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.history = state["history"]
-        self.rollout_log = state["rollout_log"]
+        self.updates = dict(commit.updates)
+        self.sampler.load_state_dict(commit.sampler)
+        self.history = commit.history
+        self.rollout_log = commit.rollout_log
         for r, pool in self.pools.items():
-            pool.load_manifest(state["pools"][r])
+            pool.load_manifest(commit.pools[r])
             pool.write_manifest()
             self.committed_pool_files[r] = {m.file for m in pool.members}
             pool.gc(set())  # snapshots written after the commit are dropped: they will be written again

@@ -26,11 +26,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from marti_ibrl.commit import STATE_FILE  # the commit record (no torch, no Ray)
+
 if TYPE_CHECKING:
     import numpy as np
     from matplotlib.figure import Figure
 
-STATE_FILE = "trainer_state.json"  # = marti_ibrl.trainer.STATE_FILE (not imported: that pulls in ray)
 PNG_DPI = 120
 
 # ------------------------------------------------------------------------------------------------ smoothing

@@ -174,8 +174,7 @@ def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, refere
         raise FileNotFoundError(f"{run_dir}: no such run directory")
     figures = run_dir / "figures"
     parts = [f"# Report: {run_dir.name}"]
-    state = run_dir / "trainer_state.json"
-    if state.exists():
+    if (run_dir / diagnostics.STATE_FILE).exists():
         history = diagnostics.load_history(run_dir)
         roles = diagnostics.roles_in_history(history)
         png = diagnostics.reward_curves(history, roles, figures / "reward_curves.png")
