@@ -16,27 +16,33 @@ reward is computed independently; rewards are not assumed zero-sum or aligned.
 A reward that cannot be computed (a judge still failing after its retries, a remote reward model down) raises
 :class:`RewardUnavailable`: the rollout runner records the reason in ``trajectory.reward_failures`` and the trainer
 drops that trajectory from the role's GRPO group (counted as ``ROLE/reward_failed``), never scoring it 0.
+
+``RewardFn``, ``RULE``, ``JUDGE`` and ``RewardUnavailable`` live in :mod:`marti_ibrl.reward_types` (below this module
+and the environments' judges, which import them from there) and are re-exported here.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
 from typing import Any
 
-RewardFn = Callable[[Any, str, Any], float]
-RULE, JUDGE = "rule", "judge"
+from marti_ibrl.reward_types import JUDGE, RULE, RewardFn, RewardUnavailable
+
 JUDGED_ENVS = ("telesales",)
 """Environments with LLM judges (``reward_fn: judge``)."""
 
-
-class RewardUnavailable(Exception):
-    """No reward for this (trajectory, role); ``kind`` is a count key, the message the logged reason."""
-
-    def __init__(self, reason: str, kind: str = "unavailable") -> None:
-        super().__init__(reason)
-        self.reason, self.kind = reason, kind
+__all__ = [
+    "JUDGE",
+    "RULE",
+    "RewardFn",
+    "RewardUnavailable",
+    "RoleRewards",
+    "default_reward",
+    "env_reward",
+    "load_reward_fn",
+    "reward_spec",
+]
 
 
 def default_reward(env_name: str) -> str:

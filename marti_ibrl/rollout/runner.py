@@ -24,7 +24,7 @@ fit a role's context (``max_len``, :func:`context_full`) ends without a deal (``
 the first turn obeys the same rule, so a system prompt that leaves no room ends its dialogue before any engine
 sees the prompt (an engine would reject a prompt past its ``max_model_len`` and fail the whole batch).
 
-A reward function that raises :class:`~marti_ibrl.rewards.RewardUnavailable` (an LLM judge failing after its
+A reward function that raises :class:`~marti_ibrl.reward_types.RewardUnavailable` (an LLM judge failing after its
 retries) leaves that role without a reward for the dialogue: the reason goes to ``trajectory.reward_failures``
 and the trainer keeps the trajectory out of that role's group.
 """
@@ -43,7 +43,7 @@ import ray
 from tqdm import tqdm
 
 from marti_ibrl.envs.base import DialogueEnv
-from marti_ibrl.rewards import RewardUnavailable
+from marti_ibrl.reward_types import RewardUnavailable
 from marti_ibrl.rollout.dialogue import Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
 

@@ -56,7 +56,7 @@ from marti_ibrl.envs.telesales.prompts import (
     render,
 )
 from marti_ibrl.llm import TEXT, AsyncChatClient, ChatFailure, ReplySchema, closed_object, list_of, number_in, one_of
-from marti_ibrl.rewards import RewardFn, RewardUnavailable
+from marti_ibrl.reward_types import RewardFn, RewardUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ class Judge:
     def reward_fn(self, without_turns: RewardFn) -> RewardFn:
         """R_role as a rollout reward function ``fn(trajectory, role, scenario)`` (any thread; requests from all
         threads share the client's loop and concurrency limit). A failed judgement raises :class:`JudgeFailure`
-        (a :class:`~marti_ibrl.rewards.RewardUnavailable`: the trainer drops the trajectory from the role's group).
+        (a :class:`~marti_ibrl.reward_types.RewardUnavailable`: the trainer drops the trajectory from the role's group).
         A call in which the role never spoke (the agent's malformed opening) has nothing to judge and is in none
         of the role's groups: it gets ``without_turns`` (the env's rule reward), without a request."""
 
