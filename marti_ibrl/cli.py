@@ -68,30 +68,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_telesales_profiles(args: argparse.Namespace) -> int:
-    from marti_ibrl.envs.telesales.profiles import SPLITS, generate_profiles, write_jsonl
-
-    def fail(message: str) -> int:
-        print(f"marti-ibrl telesales profiles: error: {message}", file=sys.stderr)
-        return 2
-
-    if args.split not in SPLITS:
-        return fail(f"unknown split {args.split!r} (expected one of: {', '.join(SPLITS)})")
-    if args.n < 1:
-        return fail(f"-n must be >= 1 (got {args.n})")
-    profiles = generate_profiles(args.n, args.seed, args.split)
-    if args.out == "-":
-        write_jsonl(profiles, sys.stdout)
-        return 0
-    try:
-        with open(args.out, "w", encoding="utf-8") as fp:
-            write_jsonl(profiles, fp)
-    except OSError as e:
-        return fail(f"cannot write {args.out}: {e.strerror or e}")
-    print(f"wrote {args.n} {args.split} profiles to {args.out}", file=sys.stderr)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marti-ibrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -103,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.set_defaults(func=_cmd_train)
 
-    from marti_ibrl.envs.dond.commands import add_dond_subparsers
+    from marti_ibrl.commands.dond import add_dond_subparsers
 
     add_dond_subparsers(sub)
 
@@ -142,22 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--reference", default=None, help="reference policy of the GEE comparisons (default: first)")
     report.set_defaults(func=_cmd_report)
 
-    telesales = sub.add_parser("telesales", help="Vehicle TeleSales utilities: profiles, held-out eval")
-    telesales_sub = telesales.add_subparsers(dest="telesales_command", required=True)
-    profiles = telesales_sub.add_parser(
-        "profiles", help="generate customer profiles as JSON lines (paper Appendix D; training 28, eval 40 attributes)"
-    )
-    profiles.add_argument("--split", default="eval", help="train | eval (default: eval)")
-    profiles.add_argument("-n", type=int, default=500, help="number of profiles (default: 500)")
-    profiles.add_argument("--seed", type=int, default=0)
-    profiles.add_argument("--out", default="-", help="output JSONL file, or - for stdout (default)")
-    profiles.set_defaults(func=_cmd_telesales_profiles)
+    from marti_ibrl.commands.telesales import add_telesales_parsers
 
-    from marti_ibrl.envs.telesales.commands import add_sft_parser, add_telesales_eval_parser
-
-    add_telesales_eval_parser(telesales_sub)
-
-    add_sft_parser(sub)
+    add_telesales_parsers(sub)
 
     from marti_ibrl.models import add_model_parser
 

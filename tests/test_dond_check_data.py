@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from marti_ibrl.envs.dond.commands import add_dond_subparsers, record_scores
+from marti_ibrl.commands.dond import add_dond_subparsers, record_scores
 from marti_ibrl.envs.dond.scenarios import DondScenario, parse_lewis_line, rule_violations
 
 FIXTURE = Path(__file__).parent / "fixtures" / "dond_lewis_sample.txt"

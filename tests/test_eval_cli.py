@@ -188,7 +188,7 @@ def test_eval_cli_errors(tmp_path, capsys, monkeypatch, extra, message):
     def no_engines(*args):
         raise AssertionError("the error must be caught before any engine or Ray starts")
 
-    monkeypatch.setattr(command, "_engine_factory", no_engines)
+    monkeypatch.setattr(command, "engine_factory", no_engines)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     out = tmp_path / "out"

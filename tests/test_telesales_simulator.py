@@ -481,7 +481,7 @@ def test_telesales_eval_checkpoint_on_engines(serve, tmp_path, monkeypatch, caps
     from marti_ibrl.tiny import build_tiny_model
 
     engines = LocalEngines()
-    monkeypatch.setattr(eval_command, "_engine_factory", lambda args, n: engines)
+    monkeypatch.setattr(eval_command, "engine_factory", lambda args, n: engines)
     monkeypatch.setattr(runner_module, "ray", SimpleNamespace(get=lambda refs: refs))
     corpus = [training_sales_prompt(p) for p in PROFILES] + [line for _, line in SALES_LINES] + ["reply 1", "reply 2"]
     model = build_tiny_model(tmp_path / "tiny", corpus, max_position_embeddings=2048)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def add_engine_argument(p: argparse.ArgumentParser) -> None:
-    """``--engine``: the class serving the checkpoints (read by :func:`_engine_factory`; every eval command has it)."""
+    """``--engine``: the class serving the checkpoints (read by :func:`engine_factory`; every eval command has it)."""
     p.add_argument(
         "--engine",
         default="auto",
@@ -166,7 +166,7 @@ def cmd_eval(args) -> int:
 
     env, scenarios = _env_and_scenarios(args)
     checkpoints = sorted({spec for p, c, _ in pairs for spec in (p.spec, c.spec) if spec.startswith("checkpoint:")})
-    engines = _engine_factory(args, len(checkpoints)) if checkpoints else None
+    engines = engine_factory(args, len(checkpoints)) if checkpoints else None
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
     ev = Evaluator(env, scenarios, sampling, args.max_len, 2, engines, seed=args.seed, chunk=args.batch)
     out = Path(args.out)
@@ -238,7 +238,7 @@ def _env_and_scenarios(args):
     return env, [(s.uid, s) for s in scenarios]
 
 
-def _engine_factory(args, n_checkpoints: int):
+def engine_factory(args, n_checkpoints: int):
     """Start Ray (one logical slot per engine on CPU) and return the engines' factory."""
     import torch
 

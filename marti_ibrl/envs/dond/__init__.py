@@ -9,7 +9,6 @@ from marti_ibrl.envs.dond.bots import (
     make_bot,
     play_dialogue,
 )
-from marti_ibrl.envs.dond.commands import add_dond_subparsers
 from marti_ibrl.envs.dond.game import DondEnv, DondState, complement, is_complementary, utility
 from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS, make_heldout_bot
 from marti_ibrl.envs.dond.prompts import role_prompt
@@ -46,7 +45,6 @@ __all__ = [
     "ThreePartyAction",
     "ThreePartyDondEnv",
     "ThreePartyState",
-    "add_dond_subparsers",
     "complement",
     "format_selection",
     "format_three_party_selection",

@@ -1,7 +1,7 @@
 """``marti-ibrl dond ...`` subcommands: sample scenarios, check a Lewis-format data file.
 
-The lead wires :func:`add_dond_subparsers` into the ``marti-ibrl`` argparse CLI; each subcommand stores its
-handler ``(args) -> int`` as ``args.func``.
+DoND's :class:`~marti_ibrl.envs.registry.EnvSpec` (``marti_ibrl/envs/dond/spec.py``) names
+:func:`add_dond_subparsers` as its CLI hook; each subcommand stores its handler ``(args) -> int`` as ``args.func``.
 """
 
 from __future__ import annotations

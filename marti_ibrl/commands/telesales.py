@@ -1,13 +1,17 @@
-"""TeleSales commands: ``marti-ibrl sft --role sales|customer`` and ``marti-ibrl telesales eval``.
+"""TeleSales commands: ``marti-ibrl sft --role sales|customer``, ``marti-ibrl telesales profiles`` and
+``marti-ibrl telesales eval``; :func:`add_telesales_parsers` adds all three (TeleSales'
+:class:`~marti_ibrl.envs.registry.EnvSpec` CLI hook, ``marti_ibrl/envs/telesales/spec.py``).
 
 ``marti-ibrl sft``: SFT initialisation of a TeleSales role from call transcripts (paper §5.1: both roles start from SFT
-checkpoints; transcript format and training views: :mod:`.transcripts`).
+checkpoints; transcript format and training views: :mod:`marti_ibrl.envs.telesales.transcripts`).
 
 Validates the transcripts, converts them to the role's view (Tables 15/16 system prompts, what the role hears),
 writes ``OUT/sft_data.jsonl`` and fine-tunes ``--pretrain`` with OpenRLHF's own SFT trainer
 (:func:`marti_ibrl.sft.run_sft`); the checkpoint (HF model + tokenizer) is ``OUT`` itself, its log ``OUT/sft.log``.
 Input errors (role, files, transcripts, hyperparameters, records that cannot fill one optimizer step) exit 2 with
 one line before any training; a failed training run exits 1 with the log's tail.
+
+``marti-ibrl telesales profiles``: customer profiles as JSON lines (paper Appendix D; :mod:`marti_ibrl.envs.telesales.profiles`).
 
 ``marti-ibrl telesales eval``: the held-out evaluation (paper §5.2, Appendix D; :mod:`marti_ibrl.eval.telesales`),
 see :data:`EVAL_USAGE`. Bad input (files, specs, an unset API-key variable, counts < 1, an output directory played
@@ -155,6 +159,53 @@ def add_sft_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+# ---- marti-ibrl telesales profiles ----
+def cmd_telesales_profiles(args: argparse.Namespace) -> int:
+    from marti_ibrl.envs.telesales.profiles import SPLITS, generate_profiles, write_jsonl
+
+    def fail(message: str) -> int:
+        print(f"marti-ibrl telesales profiles: error: {message}", file=sys.stderr)
+        return 2
+
+    if args.split not in SPLITS:
+        return fail(f"unknown split {args.split!r} (expected one of: {', '.join(SPLITS)})")
+    if args.n < 1:
+        return fail(f"-n must be >= 1 (got {args.n})")
+    profiles = generate_profiles(args.n, args.seed, args.split)
+    if args.out == "-":
+        write_jsonl(profiles, sys.stdout)
+        return 0
+    try:
+        with open(args.out, "w", encoding="utf-8") as fp:
+            write_jsonl(profiles, fp)
+    except OSError as e:
+        return fail(f"cannot write {args.out}: {e.strerror or e}")
+    print(f"wrote {args.n} {args.split} profiles to {args.out}", file=sys.stderr)
+    return 0
+
+
+def add_profiles_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Wire ``profiles`` into ``marti-ibrl telesales`` (handler in ``args.func``)."""
+    profiles = subparsers.add_parser(
+        "profiles", help="generate customer profiles as JSON lines (paper Appendix D; training 28, eval 40 attributes)"
+    )
+    profiles.add_argument("--split", default="eval", help="train | eval (default: eval)")
+    profiles.add_argument("-n", type=int, default=500, help="number of profiles (default: 500)")
+    profiles.add_argument("--seed", type=int, default=0)
+    profiles.add_argument("--out", default="-", help="output JSONL file, or - for stdout (default)")
+    profiles.set_defaults(func=cmd_telesales_profiles)
+    return profiles
+
+
+def add_telesales_parsers(subparsers: Any) -> None:
+    """Add ``telesales profiles``, ``telesales eval`` and ``sft`` to the ``marti-ibrl`` argparse ``subparsers``."""
+    telesales = subparsers.add_parser("telesales", help="Vehicle TeleSales utilities: profiles, held-out eval")
+    telesales_sub = telesales.add_subparsers(dest="telesales_command", required=True)
+    add_profiles_parser(telesales_sub)
+    add_telesales_eval_parser(telesales_sub)
+    add_sft_parser(subparsers)
+
+
 # ---- marti-ibrl telesales eval ----
 EVAL_PROG = "marti-ibrl telesales eval"
 EVAL_USAGE = """\
@@ -179,9 +230,9 @@ class _LazyEngines:
 
     def start(self, path: str) -> list:
         if self._engines is None:
-            from marti_ibrl.eval.command import _engine_factory
+            from marti_ibrl.eval.command import engine_factory
 
-            self._engines = _engine_factory(self.args, self.n)
+            self._engines = engine_factory(self.args, self.n)
         return self._engines.start(path)
 
     def stop(self, engines: list) -> None:
