@@ -1,8 +1,8 @@
 """Warm start: SFT on scripted bot-vs-bot DoND dialogues with OpenRLHF's own SFT trainer.
 
 Each dialogue gives one chat record per role, seen from that role's side exactly as the RL rollout renders it
-(:class:`marti_ibrl.rollout.render.RoleView`): its system prompt (private input), the counterpart's turns as
-``user``, its own turns as ``assistant``. A role that opens the dialogue has no ``user`` message before its first
+(:class:`marti_ibrl.rollout.render.RoleView`; :func:`marti_ibrl.envs.base.role_messages`): its system prompt
+(private input), the counterpart's turns as ``user``, its own turns as ``assistant``. A role that opens the dialogue has no ``user`` message before its first
 ``assistant`` turn, as in the rollout; OpenRLHF's multiturn SFT dataset handles that (the prompt of that turn is
 ``[system]`` + the generation header). Records end with the role's own last turn: OpenRLHF's multiturn
 ``preprocess_data`` builds the full text as ``render(messages[:-1], add_generation_prompt=True)`` + the rest, which
@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from marti_ibrl.envs.base import role_messages
 from marti_ibrl.envs.dond import DondEnv, DondScenario, make_bot, parse_utterance, play_dialogue
 from marti_ibrl.envs.dond.game import is_complementary
 from marti_ibrl.procenv import child_env_vars, listen_port
@@ -63,24 +64,6 @@ VALIDITY_MAX_NEW_TOKENS = 64
 
 # ---------------------------------------------------------------------------------------------------------------
 # data
-
-
-def role_messages(env: Any, scenario: Any, history: Sequence[tuple[str, str]], role: str) -> list[dict]:
-    """``role``'s chat: its system prompt, own turns as ``assistant``, the counterpart's as ``user`` (shown as the
-    rollout shows them, ``env.counterpart_text``). ``env``: any env with ``system_prompt`` and ``counterpart_text``
-    (DoND; TeleSales, :mod:`marti_ibrl.envs.telesales.transcripts`).
-
-    Messages after the role's last own turn are dropped (see the module doc); empty if it never spoke.
-    """
-    messages = [{"role": "system", "content": env.system_prompt(scenario, role)}]
-    for speaker, text in history:
-        if speaker == role:
-            messages.append({"role": "assistant", "content": text})
-        else:
-            messages.append({"role": "user", "content": env.counterpart_text(speaker, text, scenario)})
-    while messages and messages[-1]["role"] != "assistant":
-        messages.pop()
-    return messages
 
 
 def sft_records(env: DondEnv, scenarios: Iterable[DondScenario], bots: list[str], seed: int) -> list[Record]:

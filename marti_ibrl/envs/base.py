@@ -3,7 +3,8 @@
 A *scenario* is one prompt of the paper's GRPO groups (Eq. 4 groups rollouts by scenario).
 An environment is pure Python: it never touches models. The rollout runner asks it, turn by
 turn, who speaks, feeds it each utterance, and at the end asks it for each role's reward.
-Nothing here assumes exactly two roles.
+Nothing here assumes exactly two roles. :func:`role_messages` renders one role's side of a dialogue as chat messages
+(the SFT records of :mod:`marti_ibrl.sft` and of TeleSales' call transcripts).
 """
 
 from __future__ import annotations
@@ -64,3 +65,22 @@ class DialogueEnv(Protocol):
 
     def reward(self, state: Any, role: str) -> float:
         """The role's default (rule) reward for a finished dialogue."""
+
+
+def role_messages(env: Any, scenario: Any, history: Sequence[tuple[str, str]], role: str) -> list[dict]:
+    """``role``'s chat: its system prompt, own turns as ``assistant``, the counterpart's as ``user`` (shown as the
+    rollout shows them, ``env.counterpart_text``). ``env``: any env with ``system_prompt`` and ``counterpart_text``
+    (DoND; TeleSales, :mod:`marti_ibrl.envs.telesales.transcripts`).
+
+    Messages after the role's last own turn are dropped: a trailing ``user`` message carries no loss, and OpenRLHF's
+    multiturn SFT dataset garbles it (:mod:`marti_ibrl.sft`); empty if the role never spoke.
+    """
+    messages = [{"role": "system", "content": env.system_prompt(scenario, role)}]
+    for speaker, text in history:
+        if speaker == role:
+            messages.append({"role": "assistant", "content": text})
+        else:
+            messages.append({"role": "user", "content": env.counterpart_text(speaker, text, scenario)})
+    while messages and messages[-1]["role"] != "assistant":
+        messages.pop()
+    return messages

@@ -27,7 +27,7 @@ reach an end. Each bad call gives one error ``FILE:LINE: CALL_ID: turn K: reason
 errors in :attr:`Transcripts.skipped`.
 
 :func:`role_records` turns a call into one OpenRLHF multiturn SFT record ``{"messages": [...]}`` per role, the
-role's view exactly as the RL rollout renders it (:func:`marti_ibrl.sft.role_messages`): the role's system prompt,
+role's view exactly as the RL rollout renders it (:func:`marti_ibrl.envs.base.role_messages`): the role's system prompt,
 its own turns as ``assistant`` (sales: the text with its markers; customer: the record as the JSON text
 :func:`protocol.format_customer_turn` writes: Table 16's keys only, in order), the other role's turns as ``user`` via
 :meth:`TeleSalesEnv.counterpart_text` (the sales agent hears only the ``reply``; the customer hears the agent's
@@ -71,11 +71,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from marti_ibrl.envs.base import role_messages
 from marti_ibrl.envs.telesales import protocol
 from marti_ibrl.envs.telesales.env import TeleSalesEnv, TeleSalesState
 from marti_ibrl.envs.telesales.profiles import generate_profile, sales_view
 from marti_ibrl.envs.telesales.prompts import DEFAULT_SERVICE
-from marti_ibrl.sft import role_messages
 
 Call = dict[str, Any]
 Record = dict[str, Any]
