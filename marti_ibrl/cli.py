@@ -2,8 +2,9 @@
 model list / get.
 
 ``main(argv)`` parses; ``train`` hands a validated :class:`~marti_ibrl.config.Config` to
-:func:`marti_ibrl.trainer.train`. Heavy imports (torch, Ray, OpenRLHF) happen only in the command
-that needs them, so ``--help`` and config errors are instant.
+:func:`marti_ibrl.trainer.train`. The environments' own subcommands (``dond``, ``telesales``, ``sft``) are added by
+their registry specs (:mod:`marti_ibrl.envs.registry`; handlers in :mod:`marti_ibrl.commands`). Heavy imports
+(torch, Ray, OpenRLHF) happen only in the command that needs them, so ``--help`` and config errors are instant.
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.set_defaults(func=_cmd_train)
 
-    from marti_ibrl.commands.dond import add_dond_subparsers
+    from marti_ibrl.envs import registry
 
-    add_dond_subparsers(sub)
+    for spec in registry.specs():  # each environment's own subcommands (marti_ibrl/commands/)
+        if spec.commands is not None:
+            spec.commands(sub)
 
     patch = sub.add_parser("patch", help="apply / check / revert our OpenRLHF patches")
     patch.add_argument("action", choices=["apply", "check", "revert"])
@@ -117,10 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--eval", default=None, help="eval directory (default: RUN_DIR/eval)")
     report.add_argument("--reference", default=None, help="reference policy of the GEE comparisons (default: first)")
     report.set_defaults(func=_cmd_report)
-
-    from marti_ibrl.commands.telesales import add_telesales_parsers
-
-    add_telesales_parsers(sub)
 
     from marti_ibrl.models import add_model_parser
 

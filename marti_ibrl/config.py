@@ -47,7 +47,7 @@ class RoleConfig:
     reward_fn: str | None = None
     """``rule`` (the env's rule reward), ``judge`` (the env's LLM judge for this role, ``judge.*``; TeleSales) or
     ``module:function`` with signature ``fn(trajectory, role, scenario) -> float``. Default: ``judge`` for
-    TeleSales (paper §5.1), ``rule`` otherwise (marti_ibrl/rewards.py)."""
+    TeleSales (paper §5.1), ``rule`` otherwise: the env's ``EnvSpec.default_reward`` (marti_ibrl/rewards.py)."""
     kl_coef: float = 0.02
     """β in Eq. 5: weight of the k3 KL to the role's initial checkpoint (0 disables the reference model)."""
     entropy_coef: float = 0.0
@@ -76,7 +76,8 @@ class RoleConfig:
 class EnvConfig:
     name: str = "dond"
     """Environment: ``dond`` (Deal-or-No-Deal), ``dond3`` (three-party DoND), ``telesales`` (Vehicle TeleSales,
-    roles ``sales`` and ``customer``) or ``module:Class``, an environment of your own (marti_ibrl/envs/custom.py)."""
+    roles ``sales`` and ``customer``) or ``module:Class``, an environment of your own (marti_ibrl/envs/custom.py).
+    Each is an ``EnvSpec`` in marti_ibrl/envs/registry.py: its roles, factory, default reward, checks."""
     max_rounds: int = 10
     """Round limit (a round is one turn per role); reaching it ends the dialogue with no deal (TeleSales: the call
     ends at the turn limit, ``2 * max_rounds`` turns)."""
@@ -265,24 +266,27 @@ ENGINES = ("auto", "vllm", "hf")
 VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads ("Unsupported CPU attention configuration")
 
 
-def env_roles(env_name: str) -> tuple[str, ...]:
-    """Role names of an environment, without importing any model code."""
-    if env_name == "dond":
-        return ("agent1", "agent2")
-    if env_name == "dond3":
-        return ("agent1", "agent2", "agent3")
-    if env_name == "telesales":
-        return ("sales", "customer")
-    if ":" in env_name:  # a custom environment class, module:Class (marti_ibrl/envs/__init__.py)
-        from marti_ibrl.envs.custom import load_env_class
+def env_spec(env_name: str):
+    """The :class:`~marti_ibrl.envs.registry.EnvSpec` of ``--env.name`` (marti_ibrl/envs/registry.py); an unknown
+    name, or a ``module:Class`` that does not load, is a :class:`ConfigError` naming the flag."""
+    from marti_ibrl.envs import registry
 
-        try:
-            return tuple(load_env_class(env_name).roles)
-        except (ImportError, AttributeError, TypeError) as e:
-            raise ConfigError(f"--env.name: {e}") from None
-    raise ConfigError(
-        f"--env.name: unknown environment {env_name!r} (known: dond, dond3, telesales, or module:Class of your own)"
-    )
+    try:
+        return registry.get(env_name)
+    except (ValueError, ImportError, AttributeError, TypeError) as e:
+        raise ConfigError(f"--env.name: {e}") from None
+
+
+def env_roles(env_name: str) -> tuple[str, ...]:
+    """Role names of an environment (its registry spec's), without importing any model code."""
+    return env_spec(env_name).roles
+
+
+def _titles(has) -> str:
+    """The environments whose spec satisfies ``has``, as error messages name them."""
+    from marti_ibrl.envs import registry
+
+    return " or ".join(spec.title for spec in registry.specs() if has(spec))
 
 
 def _flags_to_dotlist(argv: list[str]) -> list[tuple[str, str, str]]:
@@ -349,7 +353,9 @@ def load_config(argv: list[str], assumed: list[str] | None = None) -> Config:
             raise ConfigError(f"--config: no such file {config_file}")
         file_cfg = OmegaConf.to_container(OmegaConf.load(config_file)) or {}
     flags = _flags_to_dotlist(argv)
-    env_name = next((v for f, k, v in flags if k == "env.name"), (file_cfg.get("env") or {}).get("name", "dond"))
+    env_name = next(
+        (v for f, k, v in flags if k == "env.name"), (file_cfg.get("env") or {}).get("name", EnvConfig.name)
+    )
     names = env_roles(env_name)
     # roles: the file may give a list (or a role1/role2 mapping); flags address roleN.
     file_roles = file_cfg.pop("roles", None) or []
@@ -418,12 +424,15 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
     need(cfg.env.max_resamples >= 0, "env.max_resamples", "must be >= 0")
     need(cfg.env.prompt_style in ("paper", "compact"), "env.prompt_style", "must be paper or compact")
     need(cfg.env.bot_speech in ("natural", "markers"), "env.bot_speech", "must be natural or markers")
-    need(not cfg.env.show_complement or cfg.env.name == "dond", "env.show_complement", "is for the two-party dond")
+    env = env_spec(cfg.env.name)
+    need(
+        not cfg.env.show_complement or "show_complement" in env.options,
+        "env.show_complement",
+        f"is for the {_titles(lambda spec: 'show_complement' in spec.options)}",
+    )
     need(cfg.env.data is None or exists.file(cfg.env.data), "env.data", f"no such file {cfg.env.data}")
-    if cfg.env.name == "telesales":
-        from marti_ibrl.envs.telesales.prompts import languages
-
-        need(cfg.env.lang in languages(), "env.lang", f"TeleSales prompts exist in {languages()}, not {cfg.env.lang!r}")
+    if env.check is not None:
+        env.check(cfg)  # the env's own checks (TeleSales: --env.lang)
     need(cfg.rollout.n_samples_per_prompt >= 2, "rollout.n_samples_per_prompt", "GRPO groups need G >= 2 (Eq. 4)")
     need(cfg.rollout.batch_size >= 1, "rollout.batch_size", "must be >= 1")
     need(cfg.rollout.micro_batch_size >= 1, "rollout.micro_batch_size", "must be >= 1")
@@ -469,13 +478,16 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
             if parsed["kind"] == "checkpoint":
                 need(exists.dir(parsed["path"]), f"{p}.frozen", f"not a directory: {parsed['path']}")
             if parsed["kind"] == "bot":  # else the typo surfaces only after Ray and the engines started
-                from marti_ibrl.envs.dond.bots import TRAINING_BOTS
-
-                need(cfg.env.name == "dond", f"{p}.frozen", f"scripted bots play two-party dond, not {cfg.env.name}")
                 need(
-                    parsed["name"] in TRAINING_BOTS,
+                    env.training_bots is not None,
                     f"{p}.frozen",
-                    f"unknown scripted bot {parsed['name']!r}; known bots: {sorted(TRAINING_BOTS)}",
+                    f"scripted bots play {_titles(lambda spec: spec.training_bots)}, not {cfg.env.name}",
+                )
+                bots = env.training_bots()
+                need(
+                    parsed["name"] in bots,
+                    f"{p}.frozen",
+                    f"unknown scripted bot {parsed['name']!r}; known bots: {sorted(bots)}",
                 )
             key_env = parsed.get("api_key_env")
             need(not key_env or exists.env(key_env), f"{p}.frozen", f"environment variable {key_env} is not set")
@@ -544,16 +556,16 @@ def model_head_dim(path: str) -> int | None:
 
 def _validate_reward(cfg: Config, role: RoleConfig, flag: str, exists: Existence) -> None:
     """``rule``, ``judge`` (an env with judges, and an endpoint to reach them) or an importable ``module:function``."""
-    from marti_ibrl.rewards import JUDGE, JUDGED_ENVS, RULE, load_reward_fn, reward_spec
+    from marti_ibrl.envs import registry
+    from marti_ibrl.rewards import JUDGE, RULE, load_reward_fn, reward_spec
 
     spec = reward_spec(cfg.env.name, role)
     if spec == RULE:
         return
     if spec == JUDGE:
-        if cfg.env.name not in JUDGED_ENVS:
-            raise ConfigError(
-                f"--{flag}.reward_fn: judge rewards exist for {', '.join(JUDGED_ENVS)}, not {cfg.env.name}"
-            )
+        if env_spec(cfg.env.name).judges is None:
+            judged = ", ".join(s.name for s in registry.specs() if s.judges is not None)
+            raise ConfigError(f"--{flag}.reward_fn: judge rewards exist for {judged}, not {cfg.env.name}")
         judge, how = cfg.judge, f"{role.name}'s reward comes from the LLM judge (§5.1)"
         if not judge.base_url or not judge.model:
             missing = "--judge.base_url" if not judge.base_url else "--judge.model"

@@ -3,7 +3,8 @@
 ``--roleN.reward_fn`` picks a role's reward:
 
 * ``rule``: the environment's rule reward (DoND: own utility on a deal, minus the invalid penalty);
-* ``judge``: the environment's role-specific LLM judge behind ``--judge.base_url`` (TeleSales §5.1);
+* ``judge``: the environment's role-specific LLM judge behind ``--judge.base_url`` (TeleSales §5.1; its
+  ``EnvSpec.judges``, marti_ibrl/envs/registry.py);
 * ``my_module:my_fn``: a user function with the signature::
 
     def my_fn(trajectory: marti_ibrl.rollout.dialogue.Trajectory, role: str, scenario) -> float
@@ -29,9 +30,6 @@ from typing import Any
 
 from marti_ibrl.reward_types import JUDGE, RULE, RewardFn, RewardUnavailable
 
-JUDGED_ENVS = ("telesales",)
-"""Environments with LLM judges (``reward_fn: judge``)."""
-
 __all__ = [
     "JUDGE",
     "RULE",
@@ -46,9 +44,11 @@ __all__ = [
 
 
 def default_reward(env_name: str) -> str:
-    """The reward a trained role gets when ``reward_fn`` is unset: the paper's LLM judges for TeleSales, else the
-    rule."""
-    return JUDGE if env_name in JUDGED_ENVS else RULE
+    """The reward a trained role gets when ``reward_fn`` is unset, its env's ``EnvSpec.default_reward``
+    (marti_ibrl/envs/registry.py): the paper's LLM judges for TeleSales, else the rule."""
+    from marti_ibrl.envs import registry
+
+    return registry.get(env_name).default_reward
 
 
 def reward_spec(env_name: str, role) -> str:
@@ -92,10 +92,14 @@ class RoleRewards:
         specs = {r.name: reward_spec(cfg.env.name, r) for r in cfg.roles}
         self.judges: dict[str, Any] = {}
         self.client = None
-        if JUDGE in specs.values():
-            from marti_ibrl.envs.telesales.judges import make_judges
+        judged = [r for r, s in specs.items() if s == JUDGE]
+        if judged:
+            from marti_ibrl.envs import registry
 
-            self.client, self.judges = make_judges(cfg.judge, cfg.env.lang, [r for r, s in specs.items() if s == JUDGE])
+            make_judges = registry.get(cfg.env.name).judges
+            if make_judges is None:
+                raise ValueError(f"{', '.join(judged)}: reward_fn judge, but environment {cfg.env.name} has no judges")
+            self.client, self.judges = make_judges(cfg.judge, cfg.env, judged)
         self.fns: dict[str, RewardFn] = {}
         for role, spec in specs.items():
             if spec == RULE:

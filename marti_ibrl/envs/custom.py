@@ -13,12 +13,17 @@
 
 The module must be importable (on ``PYTHONPATH``). ``examples/price_negotiation.py`` is a complete one in under
 150 lines. Everything else (rollouts, masks, per-role groups, pools, schedule, checkpoints) is the same trainer.
+:func:`custom_spec` makes the class an :class:`~marti_ibrl.envs.registry.EnvSpec` (its ``roles``,
+:func:`make_custom_env`, the ``rule`` reward), which :func:`marti_ibrl.envs.registry.get` registers like the
+built-in environments.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from marti_ibrl.envs.registry import EnvSpec
 
 REQUIRED = ("system_prompt", "new_state", "current_role", "step", "finish_malformed", "abort", "outcome", "reward")
 
@@ -36,6 +41,11 @@ def load_env_class(spec: str) -> type:
     if missing:
         raise TypeError(f"{spec}: missing methods {', '.join(missing)} (see marti_ibrl/envs/custom.py)")
     return cls
+
+
+def custom_spec(name: str) -> EnvSpec:
+    """The registry's spec of ``module:Class``: its roles, :func:`make_custom_env`, rule rewards, no judges."""
+    return EnvSpec(name=name, roles=tuple(load_env_class(name).roles), factory=make_custom_env)
 
 
 def make_custom_env(cfg: Any, seed: int) -> tuple[Any, list[tuple[str, Any]]]:

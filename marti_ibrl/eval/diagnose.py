@@ -63,19 +63,47 @@ def run_config(run_dir: Path):
     return OmegaConf.load(path)
 
 
+def diagnosable(env_name: str, roles: list[str]):
+    """The run's :class:`~marti_ibrl.envs.registry.EnvSpec`; ``ValueError`` unless it is a two-role environment
+    whose roles are interchangeable (a checkpoint plays both seats against the same counterparts)."""
+    from marti_ibrl.envs import registry
+
+    spec = registry.get(env_name)
+    if not spec.interchangeable_roles or len(roles) != 2:
+        known = [s.name for s in registry.specs() if s.interchangeable_roles and len(s.roles) == 2]
+        raise ValueError(
+            f"diagnose supports runs of a two-role environment with interchangeable roles ({', '.join(known)}), "
+            f"not {env_name}"
+        )
+    return spec
+
+
+def diagnosis_env_config(env, n: int):
+    """The run's env settings (``env``: its ``config.yaml`` section) with ``n`` generated scenarios, no data file, and
+    the default invalid penalty (only agreement and utterances are read here)."""
+    from dataclasses import fields
+
+    from omegaconf import OmegaConf
+
+    from marti_ibrl.config import EnvConfig
+
+    known = {f.name for f in fields(EnvConfig)}
+    settings = {k: v for k, v in OmegaConf.to_container(env).items() if k in known}
+    return EnvConfig(**{**settings, "data": None, "num_scenarios": n, "invalid_penalty": EnvConfig.invalid_penalty})
+
+
 def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed: int, embedder: str | None, engines):
     """Play, embed, plot; returns the diagnostics dict (also written to RUN_DIR/diagnostics/ROLE.json)."""
-    from marti_ibrl.envs.dond import DondEnv, generate_scenarios
-    from marti_ibrl.eval import diagnostics
-    from marti_ibrl.eval.metrics import summarize_seat_averaged
-    from marti_ibrl.eval.runner import Evaluator, Named
-
     cfg = run_config(run_dir)
     roles = [r.name for r in cfg.roles]
     if role not in roles:
         raise ValueError(f"--role {role}: the run's roles are {roles}")
-    if cfg.env.name != "dond" or len(roles) != 2:
-        raise ValueError(f"diagnose supports two-party dond runs, not {cfg.env.name}")
+    spec = diagnosable(cfg.env.name, roles)
+
+    from marti_ibrl.eval import diagnostics
+    from marti_ibrl.eval.metrics import summarize_seat_averaged
+    from marti_ibrl.eval.runner import Evaluator, Named
+
     other = roles[1 - roles.index(role)]
     checkpoints = role_checkpoints(run_dir, role)
     if not checkpoints:
@@ -84,14 +112,7 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
         )
     other_cfg = cfg.roles[roles.index(other)]
     fixed_spec = fixed or f"checkpoint:{other_cfg.pretrain}"
-    env = DondEnv(
-        roles=roles,
-        max_rounds=cfg.env.max_rounds,
-        prompt_style=cfg.env.prompt_style,
-        bot_speech=cfg.env.bot_speech,
-        show_complement=cfg.env.show_complement,
-    )
-    scenarios = [(s.uid, s) for s in generate_scenarios(n, scenario_seed)]
+    env, scenarios = spec.factory(diagnosis_env_config(cfg.env, n), scenario_seed)
     sampling = {
         "temperature": cfg.rollout.temperature,
         "top_p": cfg.rollout.top_p,
