@@ -1,5 +1,7 @@
 """Deal-or-No-Deal (Lewis et al. 2017) with the paper's Table-17 protocol: scenarios, environment, prompts, bots
-(training bots and held-out evaluation bots)."""
+(training bots and held-out evaluation bots).
+
+Its registry entries (``dond``, ``dond3``) are :mod:`.spec`; its subcommands are in :mod:`marti_ibrl.commands.dond`."""
 
 from marti_ibrl.envs.dond.bots import (
     TRAINING_BOTS,

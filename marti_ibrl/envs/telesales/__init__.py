@@ -1,4 +1,7 @@
-"""Vehicle TeleSales (paper §5.1-5.2, Appendices D and E): customer profiles and the training environment."""
+"""Vehicle TeleSales (paper §5.1-5.2, Appendices D and E): customer profiles and the training environment.
+
+Its registry entry (roles, factory, judge rewards, checks, subcommands) is :mod:`.spec`; its subcommands are in
+:mod:`marti_ibrl.commands.telesales`."""
 
 from marti_ibrl.envs.telesales.env import SEATS, TeleSalesEnv, TeleSalesState, initial_scores
 from marti_ibrl.envs.telesales.profiles import (
