@@ -481,7 +481,7 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
                 need(
                     env.training_bots is not None,
                     f"{p}.frozen",
-                    f"scripted bots play {_titles(lambda spec: spec.training_bots)}, not {cfg.env.name}",
+                    f"scripted bots play {_titles(lambda spec: spec.training_bots is not None)}, not {cfg.env.name}",
                 )
                 bots = env.training_bots()
                 need(
