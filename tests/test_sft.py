@@ -137,7 +137,7 @@ def test_sft_run_through_openrlhf_cli(env: DondEnv, tiny_dir: str, tmp_path: Pat
 
 
 def test_records_show_offers_as_the_rollout_does(scenarios) -> None:
-    from marti_ibrl.sft import _last_offer
+    from marti_ibrl.sft.checks import _last_offer
 
     env = DondEnv(prompt_style="compact", max_rounds=10, show_complement=True)
     plain = sft_records(DondEnv(prompt_style="compact", max_rounds=10), scenarios, BOTS, seed=0)
