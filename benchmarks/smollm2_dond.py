@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "dond" / "smollm2-cpu.yaml"
 MODEL = "smollm2-135m-instruct"
+SAVE_STEPS = 4  # iterations between commits: 2.1 GB of DeepSpeed state per role each, ≈ 10 s
 HELDOUT = ("hardliner", "tit_for_tat", "slow_conceder", "fast_conceder")
 
 
@@ -172,6 +173,7 @@ def train_command(out: Path, profile: Profile, sft: str) -> list[str]:
     cmd = [sys.executable, "-m", "marti_ibrl.cli", "train", "--config", str(RECIPE), "--train.seed", "0"]
     cmd += ["--role1.pretrain", sft, "--role2.pretrain", sft, "--train.iterations", str(profile.iterations)]
     cmd += ["--train.check_sync", "true"]  # every engine's weights against its actor's, after every iteration
+    cmd += ["--ckpt.save_steps", str(SAVE_STEPS)]  # a run killed (e.g. by Ray's memory monitor) loses at most these
     return cmd + ["--ckpt.path", str(out / "ibrl"), "--ckpt.load_enable", "true"]  # resumes from its last commit
 
 

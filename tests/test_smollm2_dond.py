@@ -24,6 +24,7 @@ def test_train_command_is_the_recipe_resumable_and_sync_checked(bench, tmp_path)
     assert cmd[2:5] == ["marti_ibrl.cli", "train", "--config"]
     cfg = load_config(cmd[4:])  # exactly what `marti-ibrl train` does with these flags
     assert cfg.train.iterations == 20 and cfg.train.check_sync and cfg.ckpt.load_enable
+    assert cfg.ckpt.save_steps == bench.SAVE_STEPS == 4  # committed every 4 iterations: a killed run resumes there
     assert cfg.rollout.engine == "vllm" and cfg.env.bot_speech == "natural" and cfg.env.prompt_style == "compact"
     assert [r.pretrain for r in cfg.roles] == [str(sft), str(sft)]  # both roles from one checkpoint, two stacks
     assert [r.update_every for r in cfg.roles] == [1, 2] and cfg.pool.probs == [0.7, 0.2, 0.1]
