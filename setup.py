@@ -27,7 +27,7 @@ setup(
         "tqdm",
         "tensorboard",
         "jsonlines",
-        # marti_ibrl.eval.diagnostics: figures, Wilson intervals, all-MiniLM-L6-v2 similarity (bundled, offline)
+        # marti_ibrl.eval.figures: Wilson intervals, all-MiniLM-L6-v2 similarity (bundled, offline)
         "matplotlib==3.11.2",
         "statsmodels==0.15.0",
         "sentence-transformers==6.2.0",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from marti_ibrl.backend.openrlhf_glue import FrozenEngines, start_ray
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
-from marti_ibrl.eval.runner import Evaluator, Named
+from marti_ibrl.eval.evaluator import Evaluator, Named
 
 
 def main(argv: list[str] | None = None) -> int:

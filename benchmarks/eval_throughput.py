@@ -31,7 +31,7 @@ from pathlib import Path
 
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
 from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS
-from marti_ibrl.eval.runner import SELF, Evaluator, Named
+from marti_ibrl.eval.evaluator import SELF, Evaluator, Named
 
 
 def _played_engine(model: str, env: DondEnv, n: int, turns: int, max_new_tokens: int):

@@ -311,7 +311,7 @@ def finished(run: Path, iterations: int) -> bool:
 
 def run_record(run: Path, seconds: float) -> dict:
     """What is kept of a finished training run: its reward curves and the rollout engine of each trained role."""
-    from marti_ibrl.eval.diagnostics import load_history
+    from marti_ibrl.eval.figures import load_history
 
     history = load_history(run)
     rewards = sorted({k for m in history for k in m if k.endswith("/reward")})
@@ -393,7 +393,7 @@ THIN_DROP = ("transcript",)  # the bulk of an episode record; every metric is co
 
 def eval_unit(out: Path, keep: Path, cmd: list[str], seed: int, name: str, sft: str) -> None:
     """Run one evaluation (resuming from its episodes in ``OUT``) and keep its pairs with thin episodes."""
-    from marti_ibrl.eval.runner import read_episodes
+    from marti_ibrl.eval.evaluator import read_episodes
 
     done = Path(cmd[cmd.index("--out") + 1])
     seconds = _run(cmd, out / "logs" / f"eval_seed{seed}_{name}.log")
@@ -444,7 +444,7 @@ def run_seed(out: Path, keep: Path, profile: Profile, table: dict[str, Arm], sft
 
 def load_results(keep: Path, seeds: Sequence[int]) -> list[dict]:
     """Every kept evaluated pair of every seed: ``{"seed", "policy", "counterpart", "kind", "episodes", "summary"}``."""
-    from marti_ibrl.eval.metrics import summarize_seat_averaged
+    from marti_ibrl.eval.dond_metrics import summarize_seat_averaged
 
     pairs = []
     for seed in seeds:
@@ -478,7 +478,7 @@ def _md(rows: list[list[str]]) -> str:
 def per_arm(pairs: list[dict], arm: str, kind: str, counterpart: str | None = None) -> dict[int, dict]:
     """Seed -> seat-averaged summary of ``arm`` against the counterpart(s) of ``kind``, pooling the episodes of
     several counterparts of one kind (held-out bots, a pool of in-system bots) into one summary per seed."""
-    from marti_ibrl.eval.metrics import summarize_seat_averaged
+    from marti_ibrl.eval.dond_metrics import summarize_seat_averaged
 
     by_seed: dict[int, list] = {}
     for p in pairs:
@@ -704,7 +704,7 @@ def runs_figure(pairs: list[dict], arms: Sequence[str], png: Path) -> Path | Non
     """Held-out agreement per training run: one point per (arm, seed), the arm's mean and its 95% t interval."""
     from scipy import stats
 
-    from marti_ibrl.eval.diagnostics import _figure, _save
+    from marti_ibrl.eval.figures import _figure, _save
 
     rows = run_values(pairs, "held-out", "agreement", arms)
     shown = [a for a in arms if any(r["method"] == a for r in rows)]
@@ -759,7 +759,7 @@ def engine_note(keep: Path, profile: Profile) -> str:
 
 def reward_figure(keep: Path, profile: Profile, png: Path) -> Path | None:
     """agent1's training reward per iteration, one line per arm (mean over seeds, EMA-smoothed)."""
-    from marti_ibrl.eval.diagnostics import _figure, _save, ema, finish_axes
+    from marti_ibrl.eval.figures import _figure, _save, ema, finish_axes
 
     records = _run_records(keep, profile)
     fig = _figure((7.5, 4.5))

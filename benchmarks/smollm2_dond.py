@@ -182,7 +182,7 @@ def run_checks(run: Path) -> dict:
     hold its actor's weights) and the history: iterations it updated, whether its weights changed since start-up,
     and the iterations after which its engines were checked equal to its actor. An update whose advantages are all
     0 (every reward of every group equal: a policy that never closes a deal) leaves the weights as they were."""
-    from marti_ibrl.eval.diagnostics import load_history
+    from marti_ibrl.eval.figures import load_history
 
     history = load_history(run)
     checks = [json.loads(x) for x in (run / "sync_checks.jsonl").read_text().splitlines()]
@@ -237,7 +237,7 @@ def heldout_mean(summary: dict) -> dict:
 
 
 def curves(run: Path) -> dict:
-    from marti_ibrl.eval.diagnostics import load_history, roles_in_history
+    from marti_ibrl.eval.figures import load_history, roles_in_history
 
     history = load_history(run)
     roles = roles_in_history(history)
@@ -248,7 +248,7 @@ def curves(run: Path) -> dict:
 def figure(data: dict, png: Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
-    from marti_ibrl.eval.diagnostics import _figure, _save, ema, finish_axes
+    from marti_ibrl.eval.figures import _figure, _save, ema, finish_axes
 
     c = data["curves"]
     fig = _figure((11, 3.8))

@@ -75,7 +75,7 @@ def test_eval_cli_end_to_end(tmp_path, monkeypatch, capsys):
 
     from marti_ibrl.backend.openrlhf_glue import FrozenEngines
     from marti_ibrl.envs.dond import DondEnv, generate_scenarios
-    from marti_ibrl.eval.runner import episode_id
+    from marti_ibrl.eval.evaluator import episode_id
     from marti_ibrl.tiny import build_tiny_dond_model
 
     model = build_tiny_dond_model(tmp_path / "tiny")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from marti_ibrl.envs.dond import generate_scenarios
+from marti_ibrl.eval.evaluator import episode_id
 from marti_ibrl.eval.report import load_pairs, write_report, write_tables
-from marti_ibrl.eval.runner import episode_id
 
 ROLES = ["agent1", "agent2"]
 N = 60

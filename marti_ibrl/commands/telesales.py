@@ -253,7 +253,7 @@ def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
     )
     from marti_ibrl.envs.telesales.profiles import generate_profiles, read_jsonl
     from marti_ibrl.envs.telesales.prompts import EVAL_TEMPLATES, load_template
-    from marti_ibrl.eval.runner import parse_named
+    from marti_ibrl.eval.evaluator import parse_named
     from marti_ibrl.eval.telesales import EPISODES, read_episodes
     from marti_ibrl.llm import STRUCTURED
     from marti_ibrl.rollout.players import parse_player_spec

@@ -1,4 +1,4 @@
-"""``marti-ibrl eval``: the command line around :class:`~marti_ibrl.eval.runner.Evaluator`.
+"""``marti-ibrl eval``: the command line around :class:`~marti_ibrl.eval.evaluator.Evaluator`.
 
     marti-ibrl eval --policy ibrl=runs/ibrl/agent1/hf --policy uni=runs/uni/agent1/hf \\
         --in-system ibrl=checkpoint:runs/ibrl/agent2/hf --in-system uni=bot:greedy \\
@@ -82,7 +82,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
 
 def plan(args) -> tuple[list, list[tuple]]:
     """The (policy, counterpart) pairs to play, with each pair's role in the tables; validates names."""
-    from marti_ibrl.eval.runner import SELF, Named, parse_named
+    from marti_ibrl.eval.evaluator import SELF, Named, parse_named
     from marti_ibrl.rollout.players import parse_player_spec
 
     policies = []
@@ -128,7 +128,7 @@ def plan(args) -> tuple[list, list[tuple]]:
 
 def _in_system_counterparts(specs: list[str]) -> list:
     """One training counterpart is ``in-system``; several (a pool) are ``in-system:BOT`` or ``in-system-K``."""
-    from marti_ibrl.eval.runner import Named
+    from marti_ibrl.eval.evaluator import Named
     from marti_ibrl.rollout.players import parse_player_spec
 
     if len(specs) == 1:
@@ -161,8 +161,8 @@ def cmd_eval(args) -> int:
     except ValueError as e:
         print(f"marti-ibrl eval: error: {e}", file=sys.stderr)
         return 2
+    from marti_ibrl.eval.evaluator import Evaluator
     from marti_ibrl.eval.report import write_tables
-    from marti_ibrl.eval.runner import Evaluator
 
     env, scenarios = _env_and_scenarios(args)
     checkpoints = sorted({spec for p, c, _ in pairs for spec in (p.spec, c.spec) if spec.startswith("checkpoint:")})
@@ -191,7 +191,7 @@ def play(ev, pairs: list[tuple], episodes: Path, samples: int = 1) -> list[dict]
     seen from B's seat (:meth:`Evaluator.mirror_pair`). A checkpoint's engines stop after the last stream that needs
     them (one evaluation can hold dozens of checkpoints; only the ones still to play stay in memory).
     """
-    from marti_ibrl.eval.runner import Named
+    from marti_ibrl.eval.evaluator import Named
 
     schedule = _schedule(pairs)
     last_use = {named.spec: i for i, (policy, played, _) in enumerate(schedule) for named in (policy, *played)}

@@ -100,9 +100,9 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
         raise ValueError(f"--role {role}: the run's roles are {roles}")
     spec = diagnosable(cfg.env.name, roles)
 
-    from marti_ibrl.eval import diagnostics
-    from marti_ibrl.eval.metrics import summarize_seat_averaged
-    from marti_ibrl.eval.runner import Evaluator, Named
+    from marti_ibrl.eval.dond_metrics import summarize_seat_averaged
+    from marti_ibrl.eval.evaluator import Evaluator, Named
+    from marti_ibrl.eval.figures import insystem_vs_fixed, load_embedder, similarity_heatmap, similarity_matrix
 
     other = roles[1 - roles.index(role)]
     checkpoints = role_checkpoints(run_dir, role)
@@ -142,8 +142,8 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
     empty = [k for k, v in utterances.items() if len(v) < 2]
     result = {"role": role, "fixed": fixed_spec, "points": points}
     if not empty:
-        labels, matrix = diagnostics.similarity_matrix(utterances, diagnostics.load_embedder(embedder))
-        diagnostics.similarity_heatmap(
+        labels, matrix = similarity_matrix(utterances, load_embedder(embedder))
+        similarity_heatmap(
             labels,
             matrix,
             figures / f"similarity_{role}.png",
@@ -152,7 +152,7 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
         result["similarity"] = {"labels": labels, "matrix": [[float(x) for x in row] for row in matrix]}
     else:
         result["similarity_skipped"] = f"fewer than 2 utterances for {empty}"
-    diagnostics.insystem_vs_fixed(
+    insystem_vs_fixed(
         [{**p, "method": role} for p in points], figures / f"insystem_vs_fixed_{role}.png", ylabel="agreement rate"
     )
     (out / f"{role}.json").write_text(json.dumps(result, indent=1))

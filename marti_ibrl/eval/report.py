@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from statistics import mean
 
-from marti_ibrl.eval.metrics import mismatch, summarize_seat_averaged
-from marti_ibrl.eval.runner import read_episodes
+from marti_ibrl.eval.dond_metrics import mismatch, summarize_seat_averaged
+from marti_ibrl.eval.evaluator import read_episodes
 
 KINDS = ("in-system", "self-play", "cross-play", "held-out")
 
@@ -167,17 +167,17 @@ def diagnose_markdown(run_dir: Path, result: dict) -> str:
 
 def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, reference: str | None = None) -> Path:
     """``RUN_DIR/report.md``: training curves, evaluation tables, statistics; figures beside it."""
-    from marti_ibrl.eval import diagnostics
+    from marti_ibrl.eval.figures import STATE_FILE, load_history, reward_curves, roles_in_history
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run directory")
     figures = run_dir / "figures"
     parts = [f"# Report: {run_dir.name}"]
-    if (run_dir / diagnostics.STATE_FILE).exists():
-        history = diagnostics.load_history(run_dir)
-        roles = diagnostics.roles_in_history(history)
-        png = diagnostics.reward_curves(history, roles, figures / "reward_curves.png")
+    if (run_dir / STATE_FILE).exists():
+        history = load_history(run_dir)
+        roles = roles_in_history(history)
+        png = reward_curves(history, roles, figures / "reward_curves.png")
         last = history[-1]
         parts.append(
             "## Training\n\n"

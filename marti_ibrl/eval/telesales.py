@@ -47,7 +47,7 @@ from marti_ibrl.envs.telesales.eval_agents import Auditor, PromptedSalesAgent, U
 from marti_ibrl.envs.telesales.eval_env import EvalCase, TeleSalesEvalEnv
 from marti_ibrl.envs.telesales.profiles import profile_id
 from marti_ibrl.envs.telesales.simulator import SCORES, StoryCache
-from marti_ibrl.eval.runner import _ends_mid_line, read_episodes
+from marti_ibrl.eval.evaluator import _ends_mid_line, read_episodes
 from marti_ibrl.eval.telesales_metrics import summarize, table_markdown
 from marti_ibrl.llm import AsyncChatClient, ChatFailure
 from marti_ibrl.rollout.dialogue import Trajectory
@@ -344,7 +344,7 @@ def plot_success(summaries: Mapping[str, Mapping[str, Any]], path: Path) -> Path
     """Grouped bars: Success@1..k per policy with their 95% Wilson intervals."""
     import numpy as np
 
-    from marti_ibrl.eval.diagnostics import _figure, _save
+    from marti_ibrl.eval.figures import _figure, _save
 
     k = max(s["k"] for s in summaries.values())
     names = list(summaries)

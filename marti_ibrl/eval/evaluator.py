@@ -1,4 +1,5 @@
-"""``marti-ibrl eval``: frozen policies against counterparts, seat-averaged, streamed to JSONL (paper §5.2).
+"""The :class:`Evaluator` of ``marti-ibrl eval`` (its command line: :mod:`.command`): frozen policies against
+counterparts, seat-averaged, streamed to JSONL (paper §5.2).
 
 A *policy* is an HF checkpoint served by the same rollout engines as training (vLLM on GPU, HF generate
 on CPU). A *counterpart* is another checkpoint, an OpenAI-compatible endpoint, a scripted bot, or a

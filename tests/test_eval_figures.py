@@ -1,4 +1,4 @@
-"""marti_ibrl.eval.diagnostics: EMA, reward curves, in-system vs fixed, cross-checkpoint similarity (real MiniLM)."""
+"""marti_ibrl.eval.figures: EMA, reward curves, in-system vs fixed, cross-checkpoint similarity (real MiniLM)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from marti_ibrl.eval import diagnostics as d
+from marti_ibrl.eval import figures as d
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,5 @@
-"""Training diagnostics and the paper's analysis figures (IB-RL paper Fig. 4/5/6, Appendix C).
+"""The paper's figures of training and diagnostics (IB-RL paper Fig. 4/5/6, Appendix C), drawn by ``marti-ibrl report``
+and ``marti-ibrl diagnose`` (:mod:`.diagnose`).
 
 * :func:`reward_curves` — per-role training reward per iteration, raw and EMA-smoothed (alpha = 0.2), from the
   trainer's per-iteration metrics (``RUN_DIR/trainer_state.json`` ``"history"``, see :func:`load_history`).

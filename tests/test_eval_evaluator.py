@@ -1,4 +1,4 @@
-"""The eval runner without Ray: text players (scripted bots, held-out bots, an OpenAI-style endpoint over real HTTP)
+"""The Evaluator of ``marti-ibrl eval`` without Ray: text players (scripted bots, held-out bots, an OpenAI-style endpoint over real HTTP)
 fill both seats, so the seat protocol, the JSONL records, resuming and endpoint faults are checked exactly."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from test_players import FakeServer, ok  # the real local HTTP server of the player tests
 
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios, make_bot
-from marti_ibrl.eval.metrics import summarize, summarize_seat_averaged
-from marti_ibrl.eval.runner import SELF, Evaluator, Named, episode_id, parse_named, read_episodes
+from marti_ibrl.eval.dond_metrics import summarize, summarize_seat_averaged
+from marti_ibrl.eval.evaluator import SELF, Evaluator, Named, episode_id, parse_named, read_episodes
 from marti_ibrl.rollout import players
 from marti_ibrl.rollout.runner import Policy
 
