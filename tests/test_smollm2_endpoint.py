@@ -67,7 +67,7 @@ def test_dond_eval_against_the_endpoint(endpoint, tmp_path, capsys):
 
 def test_telesales_eval_with_smollm2_as_simulator_and_policy(endpoint, tmp_path):
     from marti_ibrl.envs.telesales.profiles import generate_profiles
-    from marti_ibrl.envs.telesales.simulator import SCENES, StoryCache
+    from marti_ibrl.eval.telesales.outputs import SCENES, StoryCache
 
     out, url = tmp_path / "telesales", endpoint.base_url
     # the first profile's story is compiled already, so its call is played (SmolLM2's sales turns, then its

@@ -13,15 +13,14 @@ from statsmodels.stats.proportion import proportion_confint
 from test_llm_structured import agrees, conforms
 
 from marti_ibrl.envs.telesales import generate_profile, prompts
-from marti_ibrl.envs.telesales.simulator import (
+from marti_ibrl.eval.telesales.metrics import success_at_n, summarize, table_markdown, wilson
+from marti_ibrl.eval.telesales.outputs import (
     AGENT_ACTIONS,
     DIALOGUE_ACTIONS,
     INTENTS,
-    RUBRIC,
     SCENES,
     Story,
     StoryCache,
-    apply_rubric,
     audit_schema,
     call_outcome,
     sales_turn_schema,
@@ -33,7 +32,7 @@ from marti_ibrl.envs.telesales.simulator import (
     validate_simulator_turn,
     validate_story,
 )
-from marti_ibrl.eval.telesales_metrics import success_at_n, summarize, table_markdown, wilson
+from marti_ibrl.eval.telesales.rubric import RUBRIC, apply_rubric
 
 PROFILE = generate_profile(0, seed=0, split="eval")
 STATE = {"willingness": 0.40, "trust": 0.50, "patience": 0.60}

@@ -17,10 +17,9 @@ from marti_ibrl.envs.telesales.env import TeleSalesEnv
 from marti_ibrl.envs.telesales.judges import CustomerJudge, SalesJudge, validate_verdict
 from marti_ibrl.envs.telesales.profiles import generate_profiles
 from marti_ibrl.envs.telesales.protocol import BEHAVIORS, KEYS, STAGES, parse_customer_turn
-from marti_ibrl.envs.telesales.simulator import (
+from marti_ibrl.eval.telesales.outputs import (
     AGENT_ACTIONS,
     INTENTS,
-    RUBRIC,
     SCENES,
     Story,
     simulator_prompt,
@@ -29,6 +28,7 @@ from marti_ibrl.envs.telesales.simulator import (
     validate_simulator_turn,
     validate_story,
 )
+from marti_ibrl.eval.telesales.rubric import RUBRIC
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 LEFTOVER = re.compile(r"\{[a-z_][a-z0-9_]*\}")

@@ -23,9 +23,9 @@ import test_players
 
 from marti_ibrl.cli import main
 from marti_ibrl.envs.telesales import generate_profiles, sales_view
-from marti_ibrl.envs.telesales.eval_env import EvalCase, TeleSalesEvalEnv, training_sales_prompt
 from marti_ibrl.envs.telesales.prompts import sales_eval_prompt
-from marti_ibrl.envs.telesales.simulator import SCENES, story_schema, validate_story
+from marti_ibrl.eval.telesales.env import EvalCase, TeleSalesEvalEnv, training_sales_prompt
+from marti_ibrl.eval.telesales.outputs import SCENES, story_schema, validate_story
 
 serve = test_players.serve  # fixture: the 127.0.0.1 OpenAI-style server of the player tests
 PROFILES = generate_profiles(5, seed=0, split="eval")
@@ -98,7 +98,7 @@ class Scripted:
         else:
             hits, intent, action = SUCCESS_PATH[turn - 1]
         w, t, p = (float(x) for x in STATE.findall(body["messages"][0]["content"])[-1])
-        from marti_ibrl.envs.telesales.simulator import apply_rubric
+        from marti_ibrl.eval.telesales.rubric import apply_rubric
 
         after = apply_rubric({"willingness": w, "trust": t, "patience": p}, hits)
         return json.dumps({"rubric_hits": hits, **after, "intent": intent, "action": action, "reply": f"reply {turn}"})
@@ -142,7 +142,7 @@ def _records(path) -> dict[str, dict]:
 
 # ---- the evaluation env, no server ----
 def _sim(hits: list[str], before: tuple, action: str, intent: str = "ProvideInfo") -> str:
-    from marti_ibrl.envs.telesales.simulator import apply_rubric
+    from marti_ibrl.eval.telesales.rubric import apply_rubric
 
     after = apply_rubric(dict(zip(("willingness", "trust", "patience"), before)), hits)
     return json.dumps({"rubric_hits": hits, **after, "intent": intent, "action": action, "reply": "mm-hm"})
@@ -512,7 +512,7 @@ def test_telesales_eval_checkpoint_on_engines(serve, tmp_path, monkeypatch, caps
 
 
 def test_results_compare_policies_with_gee(tmp_path) -> None:
-    from marti_ibrl.eval.telesales import write_results
+    from marti_ibrl.eval.telesales.evaluator import write_results
 
     def records(successes_per_profile: list[int]) -> list[dict]:
         state = {"willingness": 0.4, "trust": 0.5, "patience": 0.5}

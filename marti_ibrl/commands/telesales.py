@@ -13,9 +13,10 @@ one line before any training; a failed training run exits 1 with the log's tail.
 
 ``marti-ibrl telesales profiles``: customer profiles as JSON lines (paper Appendix D; :mod:`marti_ibrl.envs.telesales.profiles`).
 
-``marti-ibrl telesales eval``: the held-out evaluation (paper §5.2, Appendix D; :mod:`marti_ibrl.eval.telesales`),
-see :data:`EVAL_USAGE`. Bad input (files, specs, an unset API-key variable, counts < 1, an output directory played
-with another simulator) exits 2 with one line before any request, engine or Ray start.
+``marti-ibrl telesales eval``: the held-out evaluation (paper §5.2, Appendix D; :mod:`marti_ibrl.eval.telesales`,
+run by :mod:`~marti_ibrl.eval.telesales.evaluator`), see :data:`EVAL_USAGE`. Bad input (files, specs, an unset
+API-key variable, counts < 1, an output directory played with another simulator) exits 2 with one line before any
+request, engine or Ray start.
 """
 
 from __future__ import annotations
@@ -244,17 +245,17 @@ def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
     """Everything the evaluation needs, checked before any work; ``ValueError`` / ``OSError`` on bad input."""
     from pathlib import Path
 
-    from marti_ibrl.envs.telesales.eval_agents import (
+    from marti_ibrl.envs.telesales.profiles import generate_profiles, read_jsonl
+    from marti_ibrl.envs.telesales.prompts import EVAL_TEMPLATES, load_template
+    from marti_ibrl.eval.evaluator import parse_named
+    from marti_ibrl.eval.telesales.agents import (
         Auditor,
         PromptedSalesAgent,
         UserSimulator,
         endpoint_client,
         parse_endpoint,
     )
-    from marti_ibrl.envs.telesales.profiles import generate_profiles, read_jsonl
-    from marti_ibrl.envs.telesales.prompts import EVAL_TEMPLATES, load_template
-    from marti_ibrl.eval.evaluator import parse_named
-    from marti_ibrl.eval.telesales import EPISODES, read_episodes
+    from marti_ibrl.eval.telesales.evaluator import EPISODES, read_episodes
     from marti_ibrl.llm import STRUCTURED
     from marti_ibrl.rollout.players import parse_player_spec
 
@@ -354,8 +355,8 @@ def cmd_telesales_eval(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         print(f"{EVAL_PROG}: error: {e}", file=sys.stderr)
         return 2
-    from marti_ibrl.envs.telesales.simulator import StoryCache
-    from marti_ibrl.eval.telesales import EPISODES, TeleSalesEvaluator, current_records, write_results
+    from marti_ibrl.eval.telesales.evaluator import EPISODES, TeleSalesEvaluator, current_records, write_results
+    from marti_ibrl.eval.telesales.outputs import StoryCache
 
     out = plan["out"]
     checkpoints = [p for p in plan["policies"].values() if isinstance(p, str)]

@@ -14,8 +14,8 @@ Evaluation templates follow the paper's translations; the paper's ``{{UPPER_CASE
 deviations: Table 10 gains one line naming Table 15's two tool markers (Table 10 refers to "tool markers" without
 listing them) and, in English, says "spoken phone language" instead of "spoken Chinese" (``zh`` keeps 口语化的中文);
 Table 9's body is not printed in the paper (only its caption), so ``user_simulator.txt`` is assembled from what §5.2
-and Appendix D say the simulator does, with the rubric, intents, actions and output schema of :mod:`..simulator`,
-which renders it.
+and Appendix D say the simulator does, with the rubric (:mod:`marti_ibrl.eval.telesales.rubric`), intents, actions
+and output schema of :mod:`marti_ibrl.eval.telesales.outputs`, which renders it.
 
 Visibility (Appendix D, "Information visibility"): the sales prompt is filled from :func:`profiles.sales_view`
 (the lead fields) plus the service identity, never from hidden fields; the customer prompt from every profile

@@ -3,31 +3,33 @@ on an *evaluation* profile (Table 6), as a :class:`~marti_ibrl.envs.base.Dialogu
 :class:`~marti_ibrl.rollout.runner.DialogueRunner` plays like any other (turn-batched, ``fixed_seats``).
 
 Scenario: an :class:`EvalCase`, the evaluation profile with its compiled story (Table 8 output,
-:class:`~.simulator.StoryCache`). Seats: ``sales`` opens, then ``customer`` (:data:`SEATS`, as in training).
+:class:`~.outputs.StoryCache`). Seats: ``sales`` opens, then ``customer`` (:data:`SEATS`, as in training).
 
 * **Sales seat**, two kinds (``sales_mode``):
 
   - ``"checkpoint"``: a trained policy sees exactly its training format: the Table 15 system prompt over the lead
     fields (:func:`training_sales_prompt`) and, as the other side's turns, the customer's spoken ``reply`` only
     (:meth:`TeleSalesEvalEnv.counterpart_text`). Its turn is free text with Table 15's markers
-    (:func:`~.protocol.parse_sales_turn`); a malformed turn is re-sampled by the runner and then ends the call as
-    ``malformed`` (no success), as in training.
-  - ``"prompted"``: a frontier baseline gets the Table 10 prompt (:func:`~.prompts.sales_eval_prompt`) and answers
-    with Table 10's JSON (``thinking_content``, ``agent_action``, ``agent_message``; :func:`~.simulator.
-    validate_sales_turn`). The turn's text in the transcript is that JSON; what is *said* is ``agent_message``.
+    (:func:`~marti_ibrl.envs.telesales.protocol.parse_sales_turn`); a malformed turn is re-sampled by the runner
+    and then ends the call as ``malformed`` (no success), as in training.
+  - ``"prompted"``: a frontier baseline gets the Table 10 prompt
+    (:func:`~marti_ibrl.envs.telesales.prompts.sales_eval_prompt`) and answers with Table 10's JSON
+    (``thinking_content``, ``agent_action``, ``agent_message``; :func:`~.outputs.validate_sales_turn`). The turn's
+    text in the transcript is that JSON; what is *said* is ``agent_message``.
 
   In both, each contact tool may be used once per call (a second use is an invalid turn) and ``<status=end>`` ends
   the call (``agent_end``).
-* **Customer seat**: the user simulator (:class:`~.eval_agents.UserSimulator`), one Table 9 JSON turn per reply
-  (:func:`~.simulator.validate_simulator_turn` with the scores before the turn, via :meth:`check_customer`). The
+* **Customer seat**: the user simulator (:class:`~.agents.UserSimulator`), one Table 9 JSON turn per reply
+  (:func:`~.outputs.validate_simulator_turn` with the scores before the turn, via :meth:`check_customer`). The
   environment applies the Table 11 rubric itself: the new willingness/trust/patience are
-  :func:`~.simulator.apply_rubric` of the fired codes (summed, clipped to [0, 1]); the simulator's own numbers
-  only have to agree within :data:`~.protocol.TOLERANCE`. Intents and dialogue actions are kept in ``state.trace``.
+  :func:`~.rubric.apply_rubric` of the fired codes (summed, clipped to [0, 1]); the simulator's own numbers
+  only have to agree within :data:`~marti_ibrl.envs.telesales.protocol.TOLERANCE`. Intents and dialogue actions
+  are kept in ``state.trace``.
   Our rule on top of Table 9: ``ConfirmAdded`` is accepted only after the agent issued a contact tool (Table 9's
   rendering says so: "use it only after the agent has actually sent the contact invitation or entry"). The
   simulator's request carries these rules as a JSON schema (:meth:`TeleSalesEvalEnv.customer_schema`, without
   ``ConfirmAdded`` before a contact tool); its reply is checked all the same.
-* **Endings** (§5.2): the outcome is read from the simulator's action labels (:func:`~.simulator.call_outcome`):
+* **Endings** (§5.2): the outcome is read from the simulator's action labels (:func:`~.outputs.call_outcome`):
   ``success`` (``ConfirmAdded``) and ``hang_up`` (``HangUp``) end the call; so do the agent's ``<status=end>``
   (``agent_end``) and the turn limit (``turn_limit``: ``2 * case_control.max_turns`` turns, both roles counted,
   unless ``max_turns`` overrides it). Endings outside the rules: ``malformed`` (the sales agent's fault),
@@ -53,19 +55,18 @@ from marti_ibrl.envs.telesales.env import TeleSalesEnv, check_turn
 from marti_ibrl.envs.telesales.profiles import TRAIN_ALIASES, TRAIN_GROUPS, sales_view
 from marti_ibrl.envs.telesales.prompts import sales_eval_prompt, sales_prompt
 from marti_ibrl.envs.telesales.protocol import ToolCall, parse_sales_turn, reused_tool
-from marti_ibrl.envs.telesales.simulator import (
+from marti_ibrl.eval.telesales.outputs import (
     DIALOGUE_ACTIONS,
-    SCORES,
     SUCCESS_ACTION,
     SimulatorTurn,
     Story,
-    apply_rubric,
     call_outcome,
     simulator_prompt,
     simulator_turn_schema,
     validate_sales_turn,
     validate_simulator_turn,
 )
+from marti_ibrl.eval.telesales.rubric import SCORES, apply_rubric
 from marti_ibrl.llm import ReplySchema
 
 SEATS = ("sales", "customer")
@@ -121,7 +122,8 @@ class EvalCallState:
 
 def training_sales_prompt(profile: dict, lang: str = "en", service: Mapping[str, str] | None = None) -> str:
     """Table 15, the prompt a checkpoint was trained with, over an evaluation profile's lead fields: the lead is handed
-    to :func:`~.prompts.sales_prompt` under its training field names (:data:`~.profiles.TRAIN_ALIASES`)."""
+    to :func:`~marti_ibrl.envs.telesales.prompts.sales_prompt` under its training field names
+    (:data:`~marti_ibrl.envs.telesales.profiles.TRAIN_ALIASES`)."""
     lead = sales_view(profile)
     as_training: dict[str, Any] = {group: {} for group in TRAIN_GROUPS}
     as_training["lead"] = {f: lead[TRAIN_ALIASES.get(f, f)] for f in TRAIN_GROUPS["lead"]}
@@ -210,7 +212,7 @@ class TeleSalesEvalEnv:
 
     def check_customer(self, state: EvalCallState, raw: str | Mapping[str, Any]) -> SimulatorTurn:
         """A valid Table 9 turn for the current scores (``ValueError`` otherwise), with the scores replaced by the
-        rubric's exact values (:func:`~.simulator.apply_rubric`)."""
+        rubric's exact values (:func:`~.rubric.apply_rubric`)."""
         turn = validate_simulator_turn(raw, before=state.scores)
         if turn.action == SUCCESS_ACTION and not state.tool_calls:
             raise ValueError(f"simulator turn: {SUCCESS_ACTION} before the agent sent a contact invitation or entry")
@@ -218,7 +220,7 @@ class TeleSalesEvalEnv:
 
     def customer_schema(self, state: EvalCallState) -> ReplySchema:
         """The JSON schema of the Table 9 turns :meth:`check_customer` can accept now
-        (:func:`~.simulator.simulator_turn_schema`): ``ConfirmAdded`` only once the agent has used a contact tool."""
+        (:func:`~.outputs.simulator_turn_schema`): ``ConfirmAdded`` only once the agent has used a contact tool."""
         allowed = DIALOGUE_ACTIONS if state.tool_calls else tuple(a for a in DIALOGUE_ACTIONS if a != SUCCESS_ACTION)
         return simulator_turn_schema(allowed)
 
@@ -284,7 +286,7 @@ class TeleSalesEvalEnv:
         self._end(state, reason)
 
     def outcome(self, state: EvalCallState) -> Outcome:
-        """``agreed``: a successful contact add. ``info["outcome"]`` is :func:`~.simulator.call_outcome`'s label for
+        """``agreed``: a successful contact add. ``info["outcome"]`` is :func:`~.outputs.call_outcome`'s label for
         calls that ended by the rules, else ``None``."""
         if not state.done:
             raise ValueError("the call is not over yet")

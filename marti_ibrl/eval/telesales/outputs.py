@@ -1,11 +1,10 @@
-"""TeleSales held-out evaluation: user-simulator rubric and labels, LLM output validators, outcomes, story cache
-(paper §5.2 and Appendix D: Tables 8-12).
+"""What the LLMs of the TeleSales held-out evaluation answer (paper §5.2 and Appendix D: Tables 8-10 and 12): labels,
+validators and JSON schemas of their outputs; outcomes; the simulator's prompt; the story cache.
 
-* Table 11: the per-turn behavior rubric (:data:`RUBRIC`). Several entries may fire in one turn; the fired entries'
-  deltas are summed and each score is clipped to [0, 1] (:func:`apply_rubric`).
 * Labels: the simulator's 11 intents (:data:`INTENTS`) and 14 dialogue actions (:data:`DIALOGUE_ACTIONS`), and the
   sales agent's 10 actions (:data:`AGENT_ACTIONS`, Table 10). The paper states the counts but prints neither the
-  intents nor the simulator's actions (Table 9's body is missing; see the constants for what we use).
+  intents nor the simulator's actions (Table 9's body is missing; see the constants for what we use). The Table 11
+  rubric codes the simulator fires are :mod:`.rubric`'s.
 * Validators for the four LLM outputs: Table 8 (story compiler), Table 9 (simulator turn, our schema), Table 10
   (sales-agent turn) and Table 12 (audit). Each returns a frozen dataclass or raises ``ValueError`` naming the
   problem. Input may be the raw text (optionally in one markdown fence) or an already parsed dict.
@@ -16,6 +15,7 @@
   at most once, the rubric arithmetic, the sales markers, and the validators' tolerance of extra keys, surrounding
   whitespace and an absent ``summary`` / ``evidence_turns``, which matters only when a server is unconstrained.
 * Outcomes come from the simulator's action labels (§5.2, Appendix D), never from free text (:func:`call_outcome`).
+* :func:`simulator_prompt`: Table 9 rendered with the labels above and the rubric.
 * :class:`StoryCache`: one compiled story per profile, compiled once, stored atomically, re-validated on load.
 """
 
@@ -34,42 +34,8 @@ from typing import Any
 from marti_ibrl.envs.telesales.profiles import customer_view
 from marti_ibrl.envs.telesales.prompts import fmt, load_template, render, story_compiler_prompt
 from marti_ibrl.envs.telesales.protocol import BEHAVIORS, TOLERANCE, SalesTurn, parse_sales_turn
+from marti_ibrl.eval.telesales.rubric import RUBRIC, SCORES, apply_rubric, check_codes, rubric_text
 from marti_ibrl.llm import TEXT, ReplySchema, closed_object, list_of, number_in, one_of
-
-SCORES = ("willingness", "trust", "patience")
-
-
-@dataclass(frozen=True)
-class RubricEntry:
-    """One Table 11 row; ``delta`` is (Δw, Δt, Δp) before clipping, ``None`` for B15 (a same-turn marker)."""
-
-    code: str
-    behavior: str
-    delta: tuple[float, float, float] | None
-
-
-RUBRIC: dict[str, RubricEntry] = {e.code: e for e in (RubricEntry(*row) for row in (
-    ("B01", "Directly and concretely answers the current main question", (0.05, 0.05, 0.02)),
-    ("B02", "States identity, call source, and reason for contact", (0.0, 0.06, 0.01)),
-    ("B03", "Admits uncertainty and explicitly offers to verify", (0.01, 0.05, -0.02)),
-    ("B04", "Provides verifiable evidence or concrete content", (0.08, 0.07, 0.01)),
-    ("B05", "Explains the follow-up purpose, related to the question", (0.04, 0.05, 0.01)),
-    ("B06", "Respects privacy or explicitly reduces disturbance", (0.0, 0.03, 0.04)),
-    ("B07", "User said they are busy; agent keeps pitching at length", (-0.05, -0.03, -0.10)),
-    ("B08", "No answer at all, only pushes adding the contact", (-0.04, -0.04, -0.03)),
-    ("B09", 'Vague pricing, false "lowest price", exaggerated guarantees, or manufactured urgency', (0.0, -0.15, 0.0)),
-    ("B10", "Repeats the same push 3+ turns with no new information", (-0.04, 0.0, -0.05)),
-    ("B11", "Answer completely unrelated to the user's question", (0.0, -0.03, -0.04)),
-    ("B12", "Keeps requesting the contact after explicit refusal", (-0.12, -0.10, -0.12)),
-    ("B13", "Light next-step push after answering the main question", (0.02, 0.0, 0.01)),
-    ("B14", "Pure transitional talk, no information gain", (0.0, 0.0, 0.0)),
-    ("B15", "Issues a contact invitation or actionable entry", None),
-    ("B16", "Noticeably long, written-style, script-like utterance", (-0.10, -0.05, -0.15)),
-    ("B17", "Brief, natural, and on-point", (0.0, 0.03, 0.05)),
-    ("B18", "Visible utterance >= 120 characters (markers removed)", (0.0, 0.0, -0.10)),
-))}  # fmt: skip
-"""Table 11. B15's cell reads "same-turn behaviors": it changes nothing itself; the other entries that fire in the
-same turn (e.g. B05, B08, B12) carry the change."""
 
 INTENTS: dict[str, str] = {
     "ConfirmPurpose": "find out who is calling and why",
@@ -103,25 +69,6 @@ FEWSHOTS_PER_SCENE = (1, 3)
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
 _SAMPLE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
-
-
-def check_codes(codes: Sequence[str]) -> None:
-    """Every code is a Table 11 code (B01-B18), none twice."""
-    unknown = [c for c in codes if c not in RUBRIC]
-    if unknown:
-        raise ValueError(f"unknown rubric codes: {', '.join(map(repr, unknown))} (B01-B18)")
-    if len(set(codes)) != len(codes):
-        raise ValueError(f"a rubric code fired twice in one turn: {list(codes)}")
-
-
-def apply_rubric(state: Mapping[str, float], codes: Sequence[str]) -> dict[str, float]:
-    """Table 11: each score + Σ of the fired entries' deltas, clipped to [0, 1]. Unknown or repeated codes raise."""
-    check_codes(codes)
-    missing = [s for s in SCORES if s not in state]
-    if missing:
-        raise ValueError(f"state lacks {', '.join(missing)}")
-    deltas = [RUBRIC[c].delta for c in codes if RUBRIC[c].delta is not None]
-    return {s: round(min(1.0, max(0.0, state[s] + sum(d[i] for d in deltas))), 6) for i, s in enumerate(SCORES)}
 
 
 # ---- validators ----
@@ -212,7 +159,7 @@ class SimulatorTurn:
 def validate_simulator_turn(raw: str | Mapping[str, Any], before: Mapping[str, float] | None = None) -> SimulatorTurn:
     """Table 9 output ``{"rubric_hits": [codes], "willingness", "trust", "patience", "intent", "action", "reply"}``.
     With ``before`` (the scores before the turn), the reported scores must equal :func:`apply_rubric` of the fired
-    codes within :data:`~.protocol.TOLERANCE`."""
+    codes within :data:`~marti_ibrl.envs.telesales.protocol.TOLERANCE`."""
     what = "simulator turn"
     obj = _object(raw, what)
     hits = obj.get("rubric_hits")
@@ -247,7 +194,8 @@ def simulator_turn_schema(actions: Sequence[str] = DIALOGUE_ACTIONS) -> ReplySch
 
 @dataclass(frozen=True)
 class SalesEvalTurn:
-    """Table 10's output; ``turn`` is ``agent_message`` parsed for tool and end markers (:mod:`.protocol`)."""
+    """Table 10's output; ``turn`` is ``agent_message`` parsed for tool and end markers
+    (:mod:`marti_ibrl.envs.telesales.protocol`)."""
 
     thinking_content: str
     agent_action: str
@@ -328,7 +276,7 @@ def audit_schema(n_turns: int | None = None) -> ReplySchema:
     """:func:`validate_audit`'s output as a schema, in Table 12's layout: each label block is either a hit (with
     evidence turns; a fabrication hit also with ``violation_type`` "direct_conflict") or not (a fabrication miss
     with its evidence fields cleared), as the validator rules. ``n_turns``: evidence turns lie in 1..n_turns (the
-    :class:`~.eval_agents.Auditor`'s check). That a hit's claim and reference are non-empty stays the validator's."""
+    :class:`~.agents.Auditor`'s check). That a hit's claim and reference are non-empty stays the validator's."""
     turn = number_in(1, n_turns, "integer") if n_turns is not None else {"type": "integer"}
     hit, miss, evidence = one_of([True], "boolean"), one_of([False], "boolean"), list_of(turn, 1)
     found = {"hit": hit, "violation_type": one_of(["direct_conflict"]), "evidence_turns": evidence}
@@ -360,7 +308,7 @@ def call_outcome(actions: Sequence[str], agent_ended: bool = False) -> str:
     return "hang_up" if agent_ended else "turn_limit"
 
 
-# ---- prompts that need the labels above ----
+# ---- the simulator's prompt, which needs the labels above ----
 def simulator_prompt(profile: dict, story: Story, trace: Sequence[SimulatorTurn] = (), lang: str = "en") -> str:
     """Table 9 (our rendering): STORY, scene few-shots, the full customer-side profile, the state trace (initial
     state, then each earlier turn's codes, labels and scores), and the rubric and label lists of this module."""
@@ -375,17 +323,11 @@ def simulator_prompt(profile: dict, story: Story, trace: Sequence[SimulatorTurn]
         "scene_fewshots": "\n".join(f"- {k}: " + " / ".join(v) for k, v in story.scene_fewshots.items()),
         "profile_json": json.dumps(customer_view(profile), ensure_ascii=False),
         "state_trace": "\n".join(lines),
-        "rubric": "\n".join(f"- {e.code} {e.behavior}: {_changes(e)}" for e in RUBRIC.values()),
+        "rubric": rubric_text(),
         "intents": "\n".join(f"- {k}: {v}" for k, v in INTENTS.items()),
         "actions": ", ".join(DIALOGUE_ACTIONS),
     }
     return render(load_template("user_simulator", lang), fields)
-
-
-def _changes(entry: RubricEntry) -> str:
-    if entry.delta is None:
-        return "same-turn behaviors (no change of its own)"
-    return ", ".join(f"{s} {d:+.2f}" if d else f"{s} 0" for s, d in zip(SCORES, entry.delta))
 
 
 # ---- story cache ----

@@ -2,19 +2,18 @@
 
 For every evaluation profile the story is compiled once (Table 8, cached), then each frozen sales policy holds
 ``samples`` independent calls with the user simulator (three in the paper), played by the
-:class:`~marti_ibrl.rollout.runner.DialogueRunner` on :class:`~marti_ibrl.envs.telesales.eval_env.TeleSalesEvalEnv`
+:class:`~marti_ibrl.rollout.runner.DialogueRunner` on :class:`~.env.TeleSalesEvalEnv`
 (turn-batched, at most ``concurrency`` calls in play). Every finished call is audited (Table 12) and appended at once,
 as one JSON line, to ``OUT/episodes/POLICY.jsonl``; a rerun skips the episode ids already there (``PROFILE|SAMPLE``),
 so a killed run loses at most the batch in flight. At the end :func:`write_results` writes ``OUT/results.md`` (the
-Table 1 metrics of :mod:`marti_ibrl.eval.telesales_metrics`: Success@n with Wilson intervals, willingness/patience
+Table 1 metrics of :mod:`.metrics`: Success@n with Wilson intervals, willingness/patience
 deltas, hallucination rate; how the calls ended; with several policies, a logistic GEE of per-call success against
 the first, clustered by profile, Holm-adjusted), ``OUT/summary.json`` and ``OUT/success_at_n.png``.
 
 A policy is a checkpoint (served by rollout engines, as ``marti-ibrl eval`` does; it sees its Table 15 training
-format) or an endpoint (the Table 10 prompted baseline, :class:`~marti_ibrl.envs.telesales.eval_agents.
-PromptedSalesAgent`).
+format) or an endpoint (the Table 10 prompted baseline, :class:`~.agents.PromptedSalesAgent`).
 
-Episode record (one line; the keys :func:`~marti_ibrl.eval.telesales_metrics.summarize` needs, and the call)::
+Episode record (one line; the keys :func:`~.metrics.summarize` needs, and the call)::
 
     {"episode_id": "ts-eval-0-00003|1", "policy", "simulator", "profile_id", "sample_index", "difficulty",
      "success": bool, "outcome": "success" | "hang_up" | "turn_limit" | None (call_outcome of a rule ending),
@@ -43,12 +42,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from marti_ibrl.envs.telesales.eval_agents import Auditor, PromptedSalesAgent, UserSimulator, compile_stories
-from marti_ibrl.envs.telesales.eval_env import EvalCase, TeleSalesEvalEnv
 from marti_ibrl.envs.telesales.profiles import profile_id
-from marti_ibrl.envs.telesales.simulator import SCORES, StoryCache
 from marti_ibrl.eval.evaluator import _ends_mid_line, read_episodes
-from marti_ibrl.eval.telesales_metrics import summarize, table_markdown
+from marti_ibrl.eval.telesales.agents import Auditor, PromptedSalesAgent, UserSimulator, compile_stories
+from marti_ibrl.eval.telesales.env import EvalCase, TeleSalesEvalEnv
+from marti_ibrl.eval.telesales.metrics import summarize, table_markdown
+from marti_ibrl.eval.telesales.outputs import StoryCache
+from marti_ibrl.eval.telesales.rubric import SCORES
 from marti_ibrl.llm import AsyncChatClient, ChatFailure
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.runner import COUNTERPART_FAILURE, DialogueRunner, Policy
@@ -75,7 +75,7 @@ def _initial(profile: dict) -> dict[str, float]:
 def episode_record(
     traj: Trajectory, policy: str, simulator: str, audit: Any = None, audit_error: str | None = None
 ) -> dict[str, Any]:
-    """One JSONL line for a finished call (module doc); ``audit`` a Table 12 :class:`~.simulator.Audit` or None."""
+    """One JSONL line for a finished call (module doc); ``audit`` a Table 12 :class:`~.outputs.Audit` or None."""
     info = traj.outcome.info
     profile = traj.scenario.profile
     failed = info["reason"] == COUNTERPART_FAILURE

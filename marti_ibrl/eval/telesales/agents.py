@@ -2,31 +2,31 @@
 
 Every role talks to an OpenAI-compatible endpoint through :class:`marti_ibrl.llm.AsyncChatClient`
 (``complete_json``), each request with the JSON schema of its reply as structured outputs (built next to the
-validator: :func:`~.simulator.story_schema`, :meth:`~.eval_env.TeleSalesEvalEnv.customer_schema`,
-:func:`~.simulator.sales_turn_schema`, :func:`~.simulator.audit_schema`), or in JSON mode when the client's
+validator: :func:`~.outputs.story_schema`, :meth:`~.env.TeleSalesEvalEnv.customer_schema`,
+:func:`~.outputs.sales_turn_schema`, :func:`~.outputs.audit_schema`), or in JSON mode when the client's
 ``structured`` setting (``--structured``) or the endpoint says no. Either way the reply is validated: one that is not
 one JSON object, or that its validator refuses, is a retryable ``bad_output``; after the client's retries a
 :class:`~marti_ibrl.llm.ChatFailure` names the last fault. Nothing is ever replaced by a default: a failure is
 reported to the caller, who records it.
 
 * **Story compiler** (Table 8, :func:`compile_stories`): one story per evaluation profile, validated by
-  :func:`~.simulator.validate_story` and kept in a :class:`~.simulator.StoryCache` (compiled once per profile,
+  :func:`~.outputs.validate_story` and kept in a :class:`~.outputs.StoryCache` (compiled once per profile,
   reused by every later run that shares the cache directory). The prompt is sent as one user message.
 * **User simulator** (Table 9, :class:`UserSimulator`): a :class:`~marti_ibrl.rollout.players.TextPlayer` for the
-  ``customer`` seat of :class:`~.eval_env.TeleSalesEvalEnv`. Each turn it renders Table 9 with the story and the
+  ``customer`` seat of :class:`~.env.TeleSalesEvalEnv`. Each turn it renders Table 9 with the story and the
   state trace so far (system message), gives the call as chat messages (agent = user, its own earlier JSON turns =
-  assistant), and accepts a reply only if :meth:`~.eval_env.TeleSalesEvalEnv.check_customer` does (schema, labels,
+  assistant), and accepts a reply only if :meth:`~.env.TeleSalesEvalEnv.check_customer` does (schema, labels,
   scores = the Table 11 rubric update within tolerance, ConfirmAdded only after a contact tool). A turn it cannot
-  get is ``None`` after :meth:`~.eval_env.TeleSalesEvalEnv.fail` has recorded why: the runner ends the call as a
+  get is ``None`` after :meth:`~.env.TeleSalesEvalEnv.fail` has recorded why: the runner ends the call as a
   counterpart failure, recorded as a failed episode with that reason.
 * **Prompted sales agent** (Table 10, :class:`PromptedSalesAgent`): the frontier baseline in the ``sales`` seat
   (``sales_mode="prompted"``), Table 10 system prompt, the call as chat messages (customer replies = user, its own
   earlier Table 10 JSON turns = assistant), replies validated by
-  :meth:`~.eval_env.TeleSalesEvalEnv.parse_sales` (Table 10 JSON, markers, each tool once per call). Replies that
+  :meth:`~.env.TeleSalesEvalEnv.parse_sales` (Table 10 JSON, markers, each tool once per call). Replies that
   stay invalid end the call as the policy's own ``malformed`` (see the env). Checkpoints do not come here: they are
-  served by rollout engines (:mod:`marti_ibrl.eval.telesales`).
+  served by rollout engines (:mod:`.evaluator`).
 * **Auditor** (Table 12, :class:`Auditor`): one audit per finished call over the observable dialogue (what each side
-  said; no simulator labels or scores), validated by :func:`~.simulator.validate_audit` plus our check that every
+  said; no simulator labels or scores), validated by :func:`~.outputs.validate_audit` plus our check that every
   evidence turn exists in the dialogue.
 
 Ours, not the paper's: the message layout (which prompt is a system or a user message), structured outputs and
@@ -41,9 +41,9 @@ from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from marti_ibrl.envs.telesales.eval_env import TeleSalesEvalEnv, simulator_turn_json
 from marti_ibrl.envs.telesales.prompts import audit_prompt
-from marti_ibrl.envs.telesales.simulator import (
+from marti_ibrl.eval.telesales.env import TeleSalesEvalEnv, simulator_turn_json
+from marti_ibrl.eval.telesales.outputs import (
     Audit,
     Story,
     StoryCache,

@@ -10,10 +10,10 @@ the DoND records of :mod:`marti_ibrl.eval.evaluator`) needs::
      "final_state": {"willingness": float, "patience": float, ...} | None,
      "audit": {"deceptive_fabrication": bool, "ai_generated_style": bool, ...} | None}
 
-``success`` is :func:`~marti_ibrl.envs.telesales.simulator.call_outcome` == "success"; ``audit`` is a Table 12
-result (:class:`~marti_ibrl.envs.telesales.simulator.Audit` as a dict), absent or ``None`` when not audited. As in
-the DoND evaluation, a failed episode (a model could not produce a valid turn after its retries) counts as no
-success and stays in every Success@n denominator; it enters the deltas only if it has a ``final_state``.
+``success`` is :func:`~.outputs.call_outcome` == "success"; ``audit`` is a Table 12 result (:class:`~.outputs.Audit`
+as a dict), absent or ``None`` when not audited. As in the DoND evaluation, a failed episode (a model could not produce
+a valid turn after its retries) counts as no success and stays in every Success@n denominator; it enters the deltas
+only if it has a ``final_state``.
 
 * deltas: mean of final − initial over the episodes with a final state;
 * hallucination rate: audited episodes with ``deceptive_fabrication`` / audited episodes; ai-style rate likewise;
