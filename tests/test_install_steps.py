@@ -52,7 +52,8 @@ def _make_install(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProce
         (venv / "bin" / name).write_text(STUB)
         (venv / "bin" / name).chmod(0o755)
     calls = tmp_path / "calls"
-    run_env = {k: v for k, v in os.environ.items() if k not in ("DS_BUILD_OPS", "TORCH_EXTENSIONS_DIR")}
+    unset = ("DS_BUILD_OPS", "TORCH_EXTENSIONS_DIR", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")  # an outer make's too
+    run_env = {k: v for k, v in os.environ.items() if k not in unset}
     run_env.update(CALLS=str(calls), **env)
     out = subprocess.run(
         ["make", "--no-print-directory", "-C", str(ROOT), "install", f"VENV={venv}"],
