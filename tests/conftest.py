@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from ray_watchdog import pytest_timeout_cancel_timer, pytest_timeout_set_timer  # noqa: F401 (hooks)
 from slurm_cluster import SLURM_REASON, LocalSlurm
+from tiers import assign_tiers, pytest_runtest_makereport, pytest_runtest_protocol  # noqa: F401 (hooks)
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +32,10 @@ def _unit(item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The units in the order they start: the Slurm unit, then the ``slow`` modules, then the rest (``make test``
-    runs ``pytest -n 2 --dist loadgroup``: each to whichever worker is free)."""
+    """Every test's tier, ``unit`` or ``e2e`` (tests/tiers.py; before ``-m`` deselects), then the units in the order
+    they start: the Slurm unit, then the ``slow`` modules, then the rest (``make test`` runs ``pytest -n 2 --dist
+    loadgroup``: each to whichever worker is free)."""
+    assign_tiers(items)
 
     def rank(item) -> int:
         return 0 if _unit(item) == SLURM_UNIT else 1 if item.get_closest_marker("slow") else 2

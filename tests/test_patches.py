@@ -219,6 +219,7 @@ print(f"RANK {os.environ['RANK']} WRONG {wrong}", flush=True)
 """
 
 
+@pytest.mark.e2e  # a two-rank torch.distributed.run of DeepSpeed ZeRO-3: minutes on 2 busy cores
 def test_deepspeed_multi_parameter_gathers_are_complete_on_gloo(tmp_path: Path) -> None:
     """patches/deepspeed/0001: without it about one gather in ten read a weight gloo was still writing (43-45 of 400
     per rank, measured); the weights must be the truth on every one of 2 x 400 gathers."""

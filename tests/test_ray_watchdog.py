@@ -5,7 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.e2e  # its pytest session starts a local Ray (tests/tiers.py)
 
 HUNG = """
 import time

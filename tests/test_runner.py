@@ -14,6 +14,8 @@ from marti_ibrl.rollout.render import RoleView
 from marti_ibrl.rollout.runner import CONTEXT_LIMIT, DialogueRunner, Policy, seats_for
 from marti_ibrl.tiny import IM_START, build_tiny_model, dond_corpus
 
+pytestmark = pytest.mark.e2e  # the module fixture ray_local starts a local Ray (tests/tiers.py)
+
 MAX_NEW_TOKENS = 16
 MAX_LEN = 300  # the compact prompt is ~200 tokens, a chat turn ~18: the long dialogue hits it after a few turns
 ROLES = ("agent1", "agent2")
