@@ -101,6 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="tiny (built locally, seconds) or a `marti-ibrl model list` name, e.g. smollm2-135m-instruct "
         "(with --config recipes/dond/smollm2-cpu.yaml: `make demo MODEL=smollm2`)",
     )
+    sft = demo.add_mutually_exclusive_group()
+    sft.add_argument(
+        "--sft",
+        default=None,
+        metavar="DIR",
+        help="start IB-RL from this SFT warm start (made by --make-sft with the same recipe) instead of training one",
+    )
+    sft.add_argument(
+        "--make-sft",
+        default=None,
+        metavar="DIR",
+        help="only build the model and its SFT warm start into DIR, with demo_sft.json saying how (then use --sft DIR)",
+    )
     demo.set_defaults(func=_cmd_demo)
 
     from marti_ibrl.plan import add_plan_parser

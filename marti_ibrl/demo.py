@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -57,6 +58,38 @@ def base_model(name: str, out: Path, env_cfg: EnvConfig, seed: int = 0, engine: 
     return path
 
 
+SFT_RECORD = "demo_sft.json"
+"""Beside an SFT warm start: what it was made from (``settings``), how (``command``) and what it reached."""
+
+
+def sft_settings(env_cfg: EnvConfig, model: str, sft_scenarios: int | None = None) -> dict:
+    """Everything a warm start depends on: the base model, the environment's rendering of the SFT dialogues, the SFT
+    hyperparameters (``DEMO_SFT`` for the tiny model, ``SMOLLM2_SFT`` for a pretrained one)."""
+    from marti_ibrl.sft import DEMO_SFT, DEMO_TINY_MODEL, SMOLLM2_SFT
+
+    sft = dict(DEMO_SFT if model == TINY else SMOLLM2_SFT)
+    if sft_scenarios is not None:
+        sft["n_scenarios"] = sft_scenarios
+    env = {k: getattr(env_cfg, k) for k in ("name", "prompt_style", "max_rounds", "bot_speech", "show_complement")}
+    return {"model": model, "tiny_model": DEMO_TINY_MODEL if model == TINY else None, "env": env, "sft": sft}
+
+
+def check_sft(sft_dir: str | Path, settings: dict, remake: str) -> str:
+    """``sft_dir`` when its :data:`SFT_RECORD` says it was made with ``settings``; else a ConfigError naming what
+    differs and the command that makes a matching one (``remake``)."""
+    record = Path(sft_dir) / SFT_RECORD
+    if not record.is_file():
+        raise ConfigError(f"--sft: {sft_dir} holds no {SFT_RECORD} (make one with: {remake})")
+    made = json.loads(record.read_text())["settings"]
+    diff = [k for k in settings if made.get(k) != settings[k]]
+    if diff:
+        raise ConfigError(
+            f"--sft: {sft_dir} was made with other {', '.join(diff)} ({', '.join(f'{k}={made.get(k)}' for k in diff)}"
+            f"; the recipe asks for {', '.join(f'{k}={settings[k]}' for k in diff)}): remake it with: {remake}"
+        )
+    return str(sft_dir)
+
+
 def prepare(
     out: Path,
     env_cfg: EnvConfig,
@@ -64,23 +97,24 @@ def prepare(
     engine: str = "auto",
     model: str = TINY,
     sft_scenarios: int | None = None,
+    sft_dir: Path | None = None,
+    command: str = "",
 ) -> str:
-    """Steps 1-2: the base model and its SFT warm start (``DEMO_SFT``, or ``SMOLLM2_SFT`` for a pretrained model) on
-    scripted dialogues in the recipe's environment ``env_cfg`` (``sft_scenarios``: a different number of scenarios,
-    e.g. a benchmark's quick run); returns the SFT checkpoint directory."""
+    """Steps 1-2: the base model and its SFT warm start (:func:`sft_settings`) on scripted dialogues in the recipe's
+    environment ``env_cfg`` (``sft_scenarios``: a different number of scenarios, e.g. a benchmark's quick run), into
+    ``sft_dir`` (default ``out/sft``) with its :data:`SFT_RECORD`; returns the SFT checkpoint directory."""
     from marti_ibrl.envs import make_env
     from marti_ibrl.envs.dond import TRAINING_BOTS, generate_scenarios
-    from marti_ibrl.sft import DEMO_SFT, SMOLLM2_SFT, protocol_validity, run_sft, sft_records, write_sft_data
+    from marti_ibrl.sft import protocol_validity, run_sft, sft_loss_curve, sft_records, write_sft_data
 
-    sft_dir = out / "sft"
+    sft_dir = Path(sft_dir or out / "sft")
     if (sft_dir / "model.safetensors").exists():
         _step(f"reusing the SFT warm start in {sft_dir}")
         return str(sft_dir)
+    settings = sft_settings(env_cfg, model, sft_scenarios)
     base = base_model(model, out, env_cfg, seed, engine)
     env, _ = make_env(env_cfg, seed)
-    cfg = dict(DEMO_SFT if model == TINY else SMOLLM2_SFT)
-    if sft_scenarios is not None:
-        cfg["n_scenarios"] = sft_scenarios
+    cfg = dict(settings["sft"])
     scenarios = generate_scenarios(cfg.pop("n_scenarios"), seed + 1)  # disjoint seed from RL's scenarios
     records = sft_records(env, scenarios, sorted(TRAINING_BOTS), seed)
     data = write_sft_data(out / "sft_data.jsonl", records)
@@ -97,11 +131,22 @@ def prepare(
                 bar.write(f"[demo] {line}")
 
         run_sft(base, data, str(sft_dir), seed=seed, progress=progress, **cfg)
-    _step(f"SFT done in {time.perf_counter() - t0:.0f}s")
+    seconds = time.perf_counter() - t0
+    _step(f"SFT done in {seconds:.0f}s")
     check = generate_scenarios(32, seed + 2)
     before = protocol_validity(base, env, check, n_turns=2, seed=seed)
     after = protocol_validity(str(sft_dir), env, check, n_turns=2, seed=seed)
     _step(f"protocol-valid opening turns: {model} {before:.0%} -> SFT {after:.0%}")
+    loss = [x for _, x in sft_loss_curve(str(sft_dir))]
+    record = {
+        "settings": settings,
+        "command": command,
+        "records": len(records),
+        "seconds": round(seconds, 1),
+        "loss": [round(loss[0], 3), round(loss[-1], 3)] if loss else None,
+        "valid_opening_turns": {"base": before, "sft": after},
+    }
+    (sft_dir / SFT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
     return str(sft_dir)
 
 
@@ -120,11 +165,13 @@ def main(args: argparse.Namespace) -> int:
         return _fail(f"{e} (set in {args.config})")
     from marti_ibrl.trainer import train
 
+    given, make = getattr(args, "sft", None), getattr(args, "make_sft", None)
+    sft_dir = Path(given or make or out / "sft")
     run_flags = [
         "--role1.pretrain",
-        str(out / "sft"),
+        str(sft_dir),
         "--role2.pretrain",
-        str(out / "sft"),
+        str(sft_dir),
         "--ckpt.path",
         str(out / "ibrl"),
     ]
@@ -139,21 +186,50 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, ModelError) as e:
         return _fail(str(e))
     engine = OmegaConf.select(recipe, "rollout.engine", default="auto")
+    remake = f"marti-ibrl demo --config {args.config} --model {args.model} --make-sft {sft_dir}"
     try:
-        prepare(out, env_cfg, engine=engine, model=args.model)
-    except ModelError as e:
+        if given:  # a committed warm start (recipes/dond/tiny-cpu.sh): checked against the recipe, never retrained
+            check_sft(sft_dir, sft_settings(env_cfg, args.model), remake)
+            _step(f"SFT warm start {sft_dir} (made by: {remake})")
+        else:
+            if make and (sft_dir / "model.safetensors").exists():
+                return _fail(f"--make-sft: {sft_dir} already holds a checkpoint; remove it to make a new one")
+            prepare(out, env_cfg, engine=engine, model=args.model, sft_dir=sft_dir, command=remake)
+    except (ModelError, ConfigError) as e:
         return _fail(str(e))
+    if make:
+        _step(f"SFT warm start written to {sft_dir} ({SFT_RECORD} says how); start IB-RL from it with --sft {sft_dir}")
+        return 0
     try:
         cfg = load_config(flags + run_flags)
         _step(f"IB-RL: {cfg.train.iterations} iterations, roles {[r.name for r in cfg.roles]}, run dir {cfg.ckpt.path}")
         t0 = time.perf_counter()
-        train(cfg)
+        history = train(cfg)
     except ConfigError as e:
         return _fail(str(e))
     _step(f"IB-RL done in {time.perf_counter() - t0:.0f}s; HF checkpoints: {cfg.ckpt.path}/<role>/hf")
     from marti_ibrl.eval.report import write_report
 
     report = write_report(cfg.ckpt.path)
-    _step(f"report with reward curves: {report} (next: marti-ibrl eval / diagnose, see docs/evaluation.md)")
-    _step(f"total {time.perf_counter() - t_start:.0f}s")
+    _step(learning_summary(history))
+    _step(f"report: {report} (next: marti-ibrl eval / diagnose, see docs/evaluation.md)")
+    _step(f"total {time.perf_counter() - t_start:.0f}s; the curves:")
+    for name in ("outcome_curves.png", "reward_curves.png"):
+        print(Path(cfg.ckpt.path) / "figures" / name, flush=True)
     return 0
+
+
+def learning_summary(history: list[dict], k: int = 3) -> str:
+    """What the run learned, in one line: agreement and malformed shares, mean of the first ``k`` iterations → the
+    last ``k``."""
+    k = max(1, min(k, len(history) // 2))
+
+    def mean(key: str, part: list[dict]) -> float:
+        return sum(m[key] for m in part) / len(part)
+
+    first, last = history[:k], history[-k:]
+    parts = [
+        f"{label} {mean(key, first):.2f} -> {mean(key, last):.2f}"
+        for key, label in (("rollout/agreement", "agreement"), ("rollout/malformed", "malformed"))
+    ]
+    return f"first {k} -> last {k} iterations: " + ", ".join(parts)

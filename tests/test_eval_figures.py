@@ -80,6 +80,22 @@ def test_reward_curves_draws_raw_and_ema_per_role(tmp_path) -> None:
     _assert_png(out)
 
 
+def test_outcome_curves_draw_agreement_and_malformed_shares(tmp_path) -> None:
+    history = [
+        {"iteration": k, "rollout/agreement": a, "rollout/malformed": m}
+        for k, a, m in [(1, 0.1, 0.6), (2, 0.2, 0.5), (3, 0.5, 0.2)]
+    ]
+    (ax,) = d.plot_outcome_curves(history, alpha=0.5).axes
+    by_label = {line.get_label(): line for line in ax.get_lines()}
+    assert set(by_label) == {"agreement (raw)", "agreement (EMA, α=0.5)", "malformed (raw)", "malformed (EMA, α=0.5)"}
+    assert list(by_label["agreement (raw)"].get_ydata()) == pytest.approx([0.1, 0.2, 0.5])
+    assert list(by_label["malformed (EMA, α=0.5)"].get_ydata()) == pytest.approx([0.6, 0.55, 0.375])
+    assert ax.get_ylim() == pytest.approx((-0.02, 1.02))  # shares: the whole [0, 1] range
+    with pytest.raises(KeyError, match="rollout/malformed"):
+        d.plot_outcome_curves([{"iteration": 1, "rollout/agreement": 0.1}])
+    _assert_png(d.outcome_curves(history, tmp_path / "outcomes.png"))
+
+
 def test_load_history(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="trainer_state.json"):
         d.load_history(tmp_path)

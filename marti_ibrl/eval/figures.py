@@ -133,6 +133,33 @@ def reward_curves(
     return _save(plot_reward_curves(history, roles, alpha), out_png)
 
 
+OUTCOMES = {"rollout/agreement": "agreement", "rollout/malformed": "malformed"}
+"""The dialogue outcomes :func:`plot_outcome_curves` draws: metric -> label."""
+
+
+def plot_outcome_curves(history: Sequence[Mapping[str, Any]], alpha: float = 0.2) -> Figure:
+    """One panel: the share of the iteration's dialogues that ended in a deal (agreement) and that ended on a malformed
+    turn, raw (thin) and EMA-smoothed (bold), on [0, 1]. Iterations without a metric are skipped."""
+    fig = _figure((7.0, 4.2))
+    ax = fig.add_subplot()
+    for i, (key, label) in enumerate(OUTCOMES.items()):
+        points = sorted((m["iteration"], float(m[key])) for m in history if m.get(key) is not None)
+        if not points:
+            raise KeyError(f"outcome_curves: no iteration of the history has {key!r}")
+        xs, raw = [x for x, _ in points], [y for _, y in points]
+        color = f"C{i + 2}"  # not the roles' colours of the reward plot
+        ax.plot(xs, raw, color=color, lw=1.0, alpha=0.35, marker="o", ms=3, label=f"{label} (raw)")
+        ax.plot(xs, ema(raw, alpha), color=color, lw=2.4, label=f"{label} (EMA, α={alpha:g})")
+    ax.set_ylim(-0.02, 1.02)
+    finish_axes(ax, "training iteration", "share of the iteration's dialogues", "Dialogue outcomes in training")
+    return fig
+
+
+def outcome_curves(history: Sequence[Mapping[str, Any]], out_png: str | os.PathLike, alpha: float = 0.2) -> Path:
+    """Write :func:`plot_outcome_curves` to ``out_png``."""
+    return _save(plot_outcome_curves(history, alpha), out_png)
+
+
 # ------------------------------------------------------------------------------------------------ in-system vs fixed
 
 

@@ -167,7 +167,7 @@ def diagnose_markdown(run_dir: Path, result: dict) -> str:
 
 def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, reference: str | None = None) -> Path:
     """``RUN_DIR/report.md``: training curves, evaluation tables, statistics; figures beside it."""
-    from marti_ibrl.eval.figures import STATE_FILE, load_history, reward_curves, roles_in_history
+    from marti_ibrl.eval.figures import STATE_FILE, load_history, outcome_curves, reward_curves, roles_in_history
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -178,6 +178,7 @@ def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, refere
         history = load_history(run_dir)
         roles = roles_in_history(history)
         png = reward_curves(history, roles, figures / "reward_curves.png")
+        outcomes = outcome_curves(history, figures / "outcome_curves.png")
         last = history[-1]
         parts.append(
             "## Training\n\n"
@@ -185,7 +186,9 @@ def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, refere
             + ", ".join(f"{r} reward {last[f'{r}/reward']:.3f}" for r in roles)
             + f", agreement {last['rollout/agreement']:.3f}, malformed {last['rollout/malformed']:.3f}.\n\n"
             f"![reward curves]({png.relative_to(run_dir)})\n\n"
-            "Per-role reward per iteration, raw (thin) and EMA-smoothed (α = 0.2, bold)."
+            "Per-role reward per iteration, raw (thin) and EMA-smoothed (α = 0.2, bold).\n\n"
+            f"![outcome curves]({outcomes.relative_to(run_dir)})\n\n"
+            "Share of each iteration's dialogues that ended in a deal, and on a malformed turn."
         )
     for diag in sorted((run_dir / "diagnostics").glob("*.json")):
         parts.append(diagnose_markdown(run_dir, json.loads(diag.read_text())))

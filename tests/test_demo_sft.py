@@ -1,0 +1,65 @@
+"""The demo's SFT warm start: a committed one (``--sft DIR``) is checked against the recipe before anything runs, and
+``--make-sft DIR`` says in ``demo_sft.json`` how it was made. The demo end to end is `make demo` (README)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from marti_ibrl.cli import main
+from marti_ibrl.config import ConfigError, load_config
+from marti_ibrl.demo import SFT_RECORD, check_sft, sft_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "dond" / "tiny-cpu.yaml"
+COMMITTED = ROOT / "recipes" / "dond" / "tiny-sft"
+
+
+def _env():
+    return load_config(["--config", str(RECIPE), "--role1.pretrain", "x", "--role2.pretrain", "x"], assumed=[]).env
+
+
+def test_settings_name_the_model_the_env_rendering_and_the_sft_hyperparameters() -> None:
+    s = sft_settings(_env(), "tiny")
+    assert s["model"] == "tiny" and s["tiny_model"]["hidden_size"] > 0
+    assert set(s["env"]) == {"name", "prompt_style", "max_rounds", "bot_speech", "show_complement"}
+    assert s["env"]["name"] == "dond" and {"n_scenarios", "lr", "batch_size"} <= set(s["sft"])
+    assert sft_settings(_env(), "tiny", sft_scenarios=3)["sft"]["n_scenarios"] == 3
+
+
+def test_a_warm_start_made_otherwise_is_refused_with_the_command_that_remakes_it(tmp_path) -> None:
+    settings = sft_settings(_env(), "tiny")
+    with pytest.raises(ConfigError, match=f"holds no {SFT_RECORD} \\(make one with: REMAKE\\)"):
+        check_sft(tmp_path, settings, "REMAKE")
+    (tmp_path / SFT_RECORD).write_text(json.dumps({"settings": settings}))
+    assert check_sft(tmp_path, settings, "REMAKE") == str(tmp_path)
+    other = json.loads(json.dumps(settings))
+    other["env"]["max_rounds"] = 99
+    (tmp_path / SFT_RECORD).write_text(json.dumps({"settings": other}))
+    with pytest.raises(ConfigError, match=r"was made with other env .*'max_rounds': 99.*remake it with: REMAKE"):
+        check_sft(tmp_path, settings, "REMAKE")
+
+
+def test_demo_with_a_mismatched_warm_start_stops_before_anything_runs(tmp_path, capsys) -> None:
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / SFT_RECORD).write_text(json.dumps({"settings": {**sft_settings(_env(), "tiny"), "model": "other"}}))
+    out = tmp_path / "demo"
+    assert main(["demo", "--config", str(RECIPE), "--out", str(out), "--sft", str(sft)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("marti-ibrl demo: error: --sft: ") and "--make-sft" in err[0]
+    assert not out.exists()
+    with pytest.raises(SystemExit):  # one or the other
+        main(["demo", "--sft", str(sft), "--make-sft", str(sft)])
+
+
+def test_learning_summary_compares_the_first_and_last_iterations() -> None:
+    from marti_ibrl.demo import learning_summary
+
+    history = [{"rollout/agreement": a, "rollout/malformed": m} for a, m in zip([0, 0.1, 0.2, 0.5, 0.6, 0.7], [1] * 6)]
+    assert learning_summary(history) == "first 3 -> last 3 iterations: agreement 0.10 -> 0.60, malformed 1.00 -> 1.00"
+    assert (
+        learning_summary(history[:2]) == "first 1 -> last 1 iterations: agreement 0.00 -> 0.10, malformed 1.00 -> 1.00"
+    )
