@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -23,3 +25,15 @@ def benchmark_module(name: str) -> Iterator:
         yield module
     finally:
         sys.modules.pop(name, None)
+
+
+def benchmark_fixture(name: str):
+    """A module-scoped fixture yielding ``benchmarks/NAME.py`` (:func:`benchmark_module`): ``bench =
+    benchmark_fixture("mini_table2")`` in a test module."""
+
+    @pytest.fixture(scope="module")
+    def bench():
+        with benchmark_module(name) as module:
+            yield module
+
+    return bench

@@ -9,15 +9,11 @@ import random
 from pathlib import Path
 
 import pytest
-from bench_loader import benchmark_module
+from bench_loader import benchmark_fixture
 
 from marti_ibrl.config import load_config
 
-
-@pytest.fixture(scope="module")
-def bench():
-    with benchmark_module("mini_table2") as module:
-        yield module
+bench = benchmark_fixture("mini_table2")
 
 
 def test_every_arm_is_a_valid_train_command(bench, tmp_path):

@@ -6,15 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from bench_loader import benchmark_module
+from bench_loader import benchmark_fixture
 
 from marti_ibrl.config import load_config
 
-
-@pytest.fixture(scope="module")
-def bench():
-    with benchmark_module("smollm2_dond") as module:
-        yield module
+bench = benchmark_fixture("smollm2_dond")
 
 
 def test_train_command_is_the_recipe_resumable_and_sync_checked(bench, tmp_path):
