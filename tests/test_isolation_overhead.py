@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from bench_loader import benchmark_module
+from bench_loader import benchmark_fixture
 from openrlhf.models.loss import PolicyLoss
 
 from marti_ibrl.algorithm.advantages import role_advantages
@@ -17,10 +17,7 @@ from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 TOY = dict(hidden=32, layers=1, heads=2, batch=8, seq=48, group=4)
 
 
-@pytest.fixture(scope="module")
-def overhead():
-    with benchmark_module("isolation_overhead") as module:
-        yield module
+overhead = benchmark_fixture("isolation_overhead")
 
 
 @pytest.mark.parametrize("all_ones_mask", [True, False], ids=["all-ones-mask", "dialogue-mask"])
