@@ -91,10 +91,10 @@ def main(argv=None) -> int:
 
     model = a.model
     if model is None:
-        from marti_ibrl.sft import DEMO_TINY_MODEL, VLLM_TINY_HEADS
+        from marti_ibrl.sft import SMALL_TINY_MODEL, VLLM_TINY_HEADS
         from marti_ibrl.tiny import build_tiny_dond_model
 
-        model = build_tiny_dond_model(Path(tempfile.mkdtemp()) / "tiny", **DEMO_TINY_MODEL, **VLLM_TINY_HEADS)
+        model = build_tiny_dond_model(Path(tempfile.mkdtemp()) / "tiny", **SMALL_TINY_MODEL, **VLLM_TINY_HEADS)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     rng = random.Random(1)
     prompts = [[rng.randrange(3, vocab) for _ in range(a.prompt_len)] for _ in range(a.batch)]

@@ -63,3 +63,15 @@ def test_learning_summary_compares_the_first_and_last_iterations() -> None:
     assert (
         learning_summary(history[:2]) == "first 1 -> last 1 iterations: agreement 0.00 -> 0.10, malformed 1.00 -> 1.00"
     )
+
+
+def test_the_committed_warm_start_matches_the_demo_recipe() -> None:
+    """`make demo` starts from recipes/dond/tiny-sft: made by the project's own command, with today's settings."""
+    record = json.loads((COMMITTED / SFT_RECORD).read_text())
+    assert check_sft(COMMITTED, sft_settings(_env(), "tiny"), "x") == str(COMMITTED)
+    assert record["command"] == (
+        "marti-ibrl demo --config recipes/dond/tiny-cpu.yaml --model tiny --make-sft recipes/dond/tiny-sft"
+    )
+    assert record["records"] == 2 * record["settings"]["sft"]["n_scenarios"] and record["loss"][1] < record["loss"][0]
+    assert (COMMITTED / "model.safetensors").stat().st_size < 4_000_000  # small enough to keep in git
+    assert '--sft "$RECIPE_DIR/tiny-sft"' in (ROOT / "recipes" / "dond" / "tiny-cpu.sh").read_text()

@@ -59,11 +59,11 @@ def _train_locally(model: str, run_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, local_slurm):
-    from marti_ibrl.sft import DEMO_TINY_MODEL, VLLM_TINY_HEADS
+    from marti_ibrl.sft import SMALL_TINY_MODEL, VLLM_TINY_HEADS
     from marti_ibrl.tiny import build_tiny_dond_model
 
     tmp = tmp_path_factory.mktemp("cluster")
-    model = build_tiny_dond_model(tmp / "tiny", **DEMO_TINY_MODEL, **VLLM_TINY_HEADS)
+    model = build_tiny_dond_model(tmp / "tiny", **SMALL_TINY_MODEL, **VLLM_TINY_HEADS)
     a, state = tmp / "a", None
     if local_slurm is None:
         _train_locally(model, a)

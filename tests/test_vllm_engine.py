@@ -30,11 +30,11 @@ def engine(tmp_path_factory):
 
     from marti_ibrl.backend.openrlhf_glue import start_ray
     from marti_ibrl.rollout.engines import create_engines
-    from marti_ibrl.sft import DEMO_TINY_MODEL, VLLM_TINY_HEADS
+    from marti_ibrl.sft import SMALL_TINY_MODEL, VLLM_TINY_HEADS
     from marti_ibrl.tiny import build_tiny_dond_model
 
     tmp = tmp_path_factory.mktemp("vllm")
-    model = build_tiny_dond_model(tmp / "tiny", **DEMO_TINY_MODEL, **VLLM_TINY_HEADS)
+    model = build_tiny_dond_model(tmp / "tiny", **SMALL_TINY_MODEL, **VLLM_TINY_HEADS)
     start_ray(2, "cpu", log_to_driver=False)  # this engine, and one started and stopped by FrozenEngines
     args = SimpleNamespace(vllm=SimpleNamespace(gpu_memory_utilization=0.5))
     (e,) = create_engines(args, model, 0, True, 1, 1, 256, dtype="fp32")

@@ -18,12 +18,20 @@ records), :mod:`~marti_ibrl.sft.train` (OpenRLHF's SFT trainer as a subprocess),
 
 from marti_ibrl.sft.checks import assistant_nll, protocol_validity, validity_report
 from marti_ibrl.sft.data import Record, sft_records, write_sft_data
-from marti_ibrl.sft.presets import DEMO_SFT, DEMO_TINY_MODEL, SMOLLM2_SFT, VALIDITY_MAX_NEW_TOKENS, VLLM_TINY_HEADS
+from marti_ibrl.sft.presets import (
+    DEMO_SFT,
+    DEMO_TINY_MODEL,
+    SMALL_TINY_MODEL,
+    SMOLLM2_SFT,
+    VALIDITY_MAX_NEW_TOKENS,
+    VLLM_TINY_HEADS,
+)
 from marti_ibrl.sft.train import TENSORBOARD_SUBDIR, run_sft, sft_command, sft_loss_curve
 
 __all__ = [
     "DEMO_SFT",
     "DEMO_TINY_MODEL",
+    "SMALL_TINY_MODEL",
     "SMOLLM2_SFT",
     "TENSORBOARD_SUBDIR",
     "VALIDITY_MAX_NEW_TOKENS",
