@@ -152,12 +152,22 @@ def _transition(root: Path, patch_dir: Path, want_applied: bool) -> list[str]:
                 if res.returncode != 0:
                     raise PatchError(f"reverting {p.name} failed: {res.stdout}{res.stderr}")
         for rel in touched if changing else []:
-            shutil.copyfile(scratch / rel, root / rel)
+            _replace(scratch / rel, root / rel)
         for rel in touched:  # current bytecode, else every process recompiles them at import (and, under
             if rel.endswith(".py"):  # PYTHONDONTWRITEBYTECODE, writes nothing): ≈ 0.5 s per Ray worker
                 with contextlib.suppress(OSError):  # a read-only install: compiled at import, as before
                     py_compile.compile(str(root / rel))
         return changing
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """``dst`` becomes a new file with ``src``'s bytes (and ``dst``'s mode), renamed into place: an installer that
+    hard-links package files to its cache (uv does) keeps a pristine cache, which writing ``dst`` in place would
+    change for every later install."""
+    tmp = dst.with_name(dst.name + ".marti-ibrl-tmp")
+    shutil.copyfile(src, tmp)
+    shutil.copymode(dst, tmp)
+    os.replace(tmp, dst)
 
 
 def apply(root: Path, patch_dir: Path = PATCH_DIR) -> list[str]:

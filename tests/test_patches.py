@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import os
 import re
 import struct
 import sys
@@ -137,6 +138,22 @@ def test_conflict_raises_and_changes_no_file(root: Path, which: int) -> None:
     assert "nothing was changed" in str(err.value)
     assert _snapshot(root) == before
     assert patching.main("check", str(root)) == 1
+
+
+def test_apply_and_revert_leave_hard_linked_copies_alone(root: Path, tmp_path_factory) -> None:
+    """uv installs package files as hard links to its cache: patching must replace the installed files, never write
+    through the link (that patched uv's cache, so a reinstalled "pristine" wheel came back patched)."""
+    cache = tmp_path_factory.mktemp("uv-cache")
+    for rel in _touched():
+        os.link(root / rel, cache / rel.replace("/", "_"))
+    pristine = {rel: (root / rel).read_bytes() for rel in _touched()}
+    assert patching.apply(root)
+    for rel in _touched():
+        assert (cache / rel.replace("/", "_")).read_bytes() == pristine[rel], rel  # the cache is untouched
+        assert (root / rel).read_bytes() != pristine[rel] and (root / rel).stat().st_nlink == 1
+    assert patching.revert(root)
+    assert {rel: (root / rel).read_bytes() for rel in _touched()} == pristine
+    assert not list(root.rglob("*.marti-ibrl-tmp"))
 
 
 def test_conflict_on_a_partly_patched_tree_is_all_or_nothing(root: Path) -> None:
