@@ -193,14 +193,14 @@ class IBRLTrainer:
         """``--ckpt.path`` with the run's config; its last commit when resuming (``--ckpt.load_enable``)."""
         cfg = self.cfg
         self.run_dir = Path(cfg.ckpt.path)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         commit = Commit.read(self.run_dir) if cfg.ckpt.load_enable else None
-        if cfg.ckpt.load_enable and commit is None:  # nothing committed: never load a half-written checkpoint
+        if commit is not None:
+            commit.check(cfg.train.seed)  # before anything is written: a refused resume leaves the run as it was
+        elif cfg.ckpt.load_enable:  # nothing committed: never load a half-written checkpoint
             print(f"--ckpt.load_enable: no {STATE_FILE} in {self.run_dir}, starting from iteration 1")
             cfg.ckpt.load_enable = False
-        if commit is not None:
-            commit.check(cfg.train.seed)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         return commit
 
     def _start_processes(self, device: str, commit: Commit | None) -> None:
