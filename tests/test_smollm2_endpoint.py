@@ -174,4 +174,4 @@ def test_a_telesales_iteration_judged_by_smollm2(judged_iterations, structured, 
     assert endpoint["structured_fallbacks"] == 0
     with capsys.disabled():  # what SmolLM2 did as a judge, for the record
         print(f"\n[smollm2 judge, structured={structured}] endpoint {endpoint}; "
-              f"failed: sales {m['judge/sales/failures']:.0f}, customer {m['judge/customer/failures']:.0f} of 4")  # fmt: skip
+              f"failed: sales {m['sales/judge/failures']:.0f}, customer {m['customer/judge/failures']:.0f} of 4")  # fmt: skip
