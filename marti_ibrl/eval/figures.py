@@ -107,10 +107,15 @@ def plot_reward_curves(
     ax = fig.add_subplot()
     for i, (role, s) in enumerate(reward_series(history, roles, alpha).items()):
         color = f"C{i}"
-        ax.plot(s["iteration"], s["raw"], color=color, lw=1.0, alpha=0.35, marker="o", ms=3, label=f"{role} (raw)")
-        ax.plot(s["iteration"], s["ema"], color=color, lw=2.4, label=f"{role} (EMA, α={alpha:g})")
+        plot_raw_and_ema(ax, s["iteration"], s["raw"], s["ema"], color, role, alpha)
     finish_axes(ax, "training iteration", "mean training reward", "Per-role training reward")
     return fig
+
+
+def plot_raw_and_ema(ax, xs, raw, smoothed, color: str, label: str, alpha: float) -> None:
+    """The house style of a training curve: the raw values thin, transparent, with markers; the EMA bold."""
+    ax.plot(xs, raw, color=color, lw=1.0, alpha=0.35, marker="o", ms=3, label=f"{label} (raw)")
+    ax.plot(xs, smoothed, color=color, lw=2.4, label=f"{label} (EMA, α={alpha:g})")
 
 
 def finish_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
@@ -148,8 +153,7 @@ def plot_outcome_curves(history: Sequence[Mapping[str, Any]], alpha: float = 0.2
             raise KeyError(f"outcome_curves: no iteration of the history has {key!r}")
         xs, raw = [x for x, _ in points], [y for _, y in points]
         color = f"C{i + 2}"  # not the roles' colours of the reward plot
-        ax.plot(xs, raw, color=color, lw=1.0, alpha=0.35, marker="o", ms=3, label=f"{label} (raw)")
-        ax.plot(xs, ema(raw, alpha), color=color, lw=2.4, label=f"{label} (EMA, α={alpha:g})")
+        plot_raw_and_ema(ax, xs, raw, ema(raw, alpha), color, label, alpha)
     ax.set_ylim(-0.02, 1.02)
     finish_axes(ax, "training iteration", "share of the iteration's dialogues", "Dialogue outcomes in training")
     return fig
