@@ -70,6 +70,18 @@ class RoleConfig:
     (``marti-ibrl plan``). The reference only runs in the experience pass, never during the update."""
     gpu_memory_utilization: float = 0.5
     """vLLM KV-cache budget per engine (GPU only)."""
+    lora_rank: int = 0
+    """LoRA (marti_ibrl/lora.py): > 0 trains only a rank-r adapter on the frozen ``pretrain`` (OpenRLHF's
+    ``--ds.lora.rank``). Its KL reference π_ref (Eq. 5) is then the base with the adapter off, computed by the role's
+    own actor (no reference model); its weight syncs and pool snapshots are adapters, and its historical opponents are
+    served by its own engines with a per-request adapter (no pool engines). 0: full weights."""
+    lora_alpha: int = 16
+    """LoRA scaling α (the update is (α/r)·B·A); OpenRLHF's ``--ds.lora.alpha``."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Modules that get an adapter: ``[all-linear]`` (peft: every linear layer but the output head) or names such as
+    ``[q_proj,v_proj]``; OpenRLHF's ``--ds.lora.target_modules``."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapter's input during training; OpenRLHF's ``--ds.lora.dropout``."""
 
 
 @dataclass
@@ -211,8 +223,10 @@ class PoolConfig:
     Unused when fewer than two roles train (unilateral baselines have frozen counterparts instead)."""
     eviction: str = "oldest"
     """``oldest`` (FIFO, default) or ``random`` (a uniformly chosen member leaves; keeps older history around)."""
-    num_engines: int = 1
-    """Rollout engines per role serving its historical checkpoints (vLLM on GPU, HF generate on CPU)."""
+    num_engines: int | None = None
+    """Rollout engines per full-weight role serving its historical checkpoints (vLLM on GPU, HF generate on CPU).
+    Unset: 1 per full-weight role. A LoRA role (``roleN.lora_rank > 0``) never has any: its snapshots are adapters its
+    own engines serve per request (:func:`marti_ibrl.placement.pool_engine_count`)."""
     dtype: str = "bf16"
     """Snapshot dtype on disk: ``bf16`` (default) or ``fp32``."""
 
@@ -516,11 +530,19 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
         need(role.num_engines >= 1, f"{p}.num_engines", "must be >= 1")
         need(role.tensor_parallel_size >= 1, f"{p}.tensor_parallel_size", "must be >= 1")
         need(role.num_nodes >= 1 and role.num_gpus_per_node >= 1, f"{p}.num_gpus_per_node", "must be >= 1")
+        _validate_lora(cfg, role, p, need)
     pool = cfg.pool
     need(pool.size >= 1, "pool.size", "must be >= 1")
     need(pool.snapshot_every >= 1, "pool.snapshot_every", "must be >= 1")
     need(pool.eviction in ("oldest", "random"), "pool.eviction", "must be oldest or random")
-    need(pool.num_engines >= 1, "pool.num_engines", "must be >= 1")
+    need(pool.num_engines is None or pool.num_engines >= 0, "pool.num_engines", "must be >= 0")
+    full = [f"role{i}" for i, r in enumerate(cfg.roles, start=1) if not r.frozen and r.lora_rank == 0]
+    need(
+        pool.num_engines != 0 or len(trained) < 2 or pool.probs[0] >= 1.0 or not full,
+        "pool.num_engines",
+        f"0 leaves the full-weight roles {full} no engines for their snapshots (only LoRA roles serve theirs from "
+        "their own engines): give >= 1, or leave it unset",
+    )
     need(pool.dtype in ("bf16", "fp32"), "pool.dtype", "must be bf16 or fp32")
     need(
         len(pool.probs) == 1 + len(cfg.roles),
@@ -541,6 +563,32 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
             "pool.probs",
             f"role{i} is frozen: it has no pool, so its entry (index {i}) must be 0",
         )
+
+
+def _validate_lora(cfg: Config, role: RoleConfig, p: str, need) -> None:
+    """A trained role's LoRA flags (marti_ibrl/lora.py)."""
+    need(role.lora_rank >= 0, f"{p}.lora_rank", "must be >= 0 (0: full weights)")
+    if role.lora_rank == 0:
+        return
+    need(role.lora_alpha > 0, f"{p}.lora_alpha", "must be > 0")
+    need(0 <= role.lora_dropout < 1, f"{p}.lora_dropout", "must be in [0, 1)")
+    need(
+        bool(role.target_modules) and all(isinstance(m, str) and m for m in role.target_modules),
+        f"{p}.target_modules",
+        f"give module names, e.g. [all-linear] or [q_proj,v_proj], got {list(role.target_modules)}",
+    )
+    need(
+        not role.colocate_ref,
+        f"{p}.colocate_ref",
+        "a LoRA role has no reference model to colocate: its KL reference is its base with the adapter off",
+    )
+    from marti_ibrl.lora import VLLM_LORA_RANKS
+
+    need(
+        cfg.rollout.engine == "hf" or role.lora_rank <= VLLM_LORA_RANKS[-1],
+        f"{p}.lora_rank",
+        f"vLLM serves adapters of rank <= {VLLM_LORA_RANKS[-1]}, got {role.lora_rank}",
+    )
 
 
 def model_head_dim(path: str) -> int | None:

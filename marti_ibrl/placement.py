@@ -6,9 +6,11 @@ the order :meth:`RoleStack.start <marti_ibrl.backend.openrlhf_glue.RoleStack.sta
 
 * ``engines``: ``roleN.num_engines`` rollout engines of ``roleN.tensor_parallel_size`` GPUs each (current policy);
 * ``pool engines``: ``pool.num_engines`` more of the same size serving the role's historical checkpoints (Eq. 6),
-  only when opponent pools are on (:func:`uses_pool`);
+  only when opponent pools are on (:func:`uses_pool`) and the role trains full weights: a LoRA role's snapshots are
+  adapters its own engines serve (:func:`pool_engine_count`);
 * ``actor``: ``roleN.num_nodes × roleN.num_gpus_per_node`` DeepSpeed ranks, one GPU each;
-* ``reference``: as many ranks again, holding π_ref of Eq. 5, only when ``roleN.kl_coef > 0`` (:func:`has_reference`);
+* ``reference``: as many ranks again, holding π_ref of Eq. 5, only when ``roleN.kl_coef > 0`` and the role trains
+  full weights (:func:`has_reference`; a LoRA role's π_ref is its base with the adapter off, in its actor);
   with ``roleN.colocate_ref`` they share the actor's GPUs (0 GPUs of their own).
 
 Per frozen role (unilateral baselines), each ``checkpoint:`` counterpart gets ``roleN.num_engines`` engines of
@@ -52,8 +54,17 @@ def uses_pool(cfg: Config) -> bool:
 
 
 def has_reference(role: RoleConfig) -> bool:
-    """The role keeps a reference model (its initial checkpoint) only when its KL term is on."""
-    return role.kl_coef > 0
+    """The role keeps a reference model (its initial checkpoint) only when its KL term is on, and only for full
+    weights: a LoRA role's reference is its own actor with the adapter off (marti_ibrl/lora.py)."""
+    return role.kl_coef > 0 and role.lora_rank == 0
+
+
+def pool_engine_count(cfg: Config, role: RoleConfig) -> int:
+    """Pool engines of a trained role (Eq. 6): none without pools or for a LoRA role (its snapshots are adapters its
+    current engines serve per request), else ``pool.num_engines`` (1 when unset)."""
+    if not uses_pool(cfg) or role.lora_rank > 0:
+        return 0
+    return 1 if cfg.pool.num_engines is None else cfg.pool.num_engines
 
 
 def frozen_checkpoints(role: RoleConfig) -> list[str]:
@@ -72,8 +83,8 @@ def placement(cfg: Config) -> list[Component]:
             out += [Component(role.name, FROZEN_ENGINES, p, role.num_engines, tp) for p in frozen_checkpoints(role)]
             continue
         out.append(Component(role.name, ENGINES, role.pretrain, role.num_engines, tp))
-        if uses_pool(cfg):
-            out.append(Component(role.name, POOL_ENGINES, role.pretrain, cfg.pool.num_engines, tp))
+        if pool_engine_count(cfg, role):
+            out.append(Component(role.name, POOL_ENGINES, role.pretrain, pool_engine_count(cfg, role), tp))
         ranks = role.num_nodes * role.num_gpus_per_node
         out.append(Component(role.name, ACTOR, role.pretrain, ranks, 1))
         if has_reference(role):  # colocated: on the actor's GPUs, none of its own

@@ -98,6 +98,8 @@ class ModelSpec:
     kv_heads: int
     state_bytes_per_sequence: int
     """Fixed recurrent + convolution state per sequence of the linear-attention layers (0 for plain attention)."""
+    linears: tuple[tuple[str, int, int, int], ...] = ()
+    """The decoder's linear layers as (module name, in features, out features, how many): what LoRA adapts."""
 
 
 def _hybrid_layer_types(text: dict) -> list[str]:
@@ -153,6 +155,24 @@ def model_spec(config: dict, source: str) -> ModelSpec:
     params = n_full * attention + (n_layers - n_full) * linear + n_layers * (mlp + per_layer_norms)
     params += vocab * h * (1 if tied else 2) + h
     largest = max(vocab * h, max(attention, linear) + mlp + per_layer_norms)
+    n_lin = n_layers - n_full
+    linears = (
+        ("q_proj", h, q_out, n_full),
+        ("k_proj", h, kv_out, n_full),
+        ("v_proj", h, kv_out, n_full),
+        ("o_proj", o_in, h, n_full),
+        ("gate_proj", h, inter, n_layers),
+        ("up_proj", h, inter, n_layers),
+        ("down_proj", inter, h, n_layers),
+    )
+    if n_lin:  # Gated DeltaNet projections (transformers' Qwen3.5 names)
+        linears += (
+            ("in_proj_qkv", h, conv, n_lin),
+            ("in_proj_z", h, value, n_lin),
+            ("in_proj_b", h, v_heads, n_lin),
+            ("in_proj_a", h, v_heads, n_lin),
+            ("out_proj", value, h, n_lin),
+        )
     return ModelSpec(
         source=source,
         params=params,
@@ -164,7 +184,15 @@ def model_spec(config: dict, source: str) -> ModelSpec:
         kv_bytes_per_token=n_full * 2 * kv_out * 2,
         kv_heads=kv_heads,
         state_bytes_per_sequence=state,
+        linears=linears,
     )
+
+
+def lora_params(m: ModelSpec, rank: int, target_modules: list[str]) -> int:
+    """Parameters of a rank-r LoRA adapter: r·(in + out) per adapted linear layer (``all-linear``: every one of
+    :attr:`ModelSpec.linears`, the output head excluded, as peft does)."""
+    every = list(target_modules) == ["all-linear"]
+    return sum(rank * (i + o) * n for name, i, o, n in m.linears if every or name in target_modules)
 
 
 def _table_key(text: str) -> str | None:
@@ -242,9 +270,14 @@ def usage(cfg: Config, c: Component, m: ModelSpec, gpu_memory: int) -> Usage:
         w = 4 if cfg.ds.param_dtype == "fp32" else 2
         stage, ranks = cfg.ds.zero_stage, c.count
         u.parts["weights"] = m.params * w // (ranks if stage == 3 else 1)
+        trained = m.params  # a LoRA role trains its adapter only: gradients and Adam states of the adapter
+        if role.lora_rank > 0:
+            trained = lora_params(m, role.lora_rank, role.target_modules)
+            u.parts["adapter"] = trained * w // (ranks if stage == 3 else 1)
+            u.note = "LoRA: gradients and Adam states of the adapter only; π_ref = the base with the adapter off"
         if c.kind == ACTOR:
-            u.parts["gradients"] = m.params * w // (ranks if stage >= 2 else 1)
-            u.parts["Adam states"] = m.params * (8 if w == 4 else 12) // (ranks if stage >= 1 else 1)
+            u.parts["gradients"] = trained * w // (ranks if stage >= 2 else 1)
+            u.parts["Adam states"] = trained * (8 if w == 4 else 12) // (ranks if stage >= 1 else 1)
         if stage == 3:
             u.parts["ZeRO-3 gathers"] = 2 * m.largest_tensor * w
         update = _activations(cfg, m, role, update=True) if c.kind == ACTOR else 0
@@ -266,8 +299,12 @@ def usage(cfg: Config, c: Component, m: ModelSpec, gpu_memory: int) -> Usage:
     tp = c.gpus_each
     budget = int(role.gpu_memory_utilization * gpu_memory)
     u.parts["weights"] = m.params * 2 // tp
+    if role.lora_rank > 0 and not role.frozen:  # vLLM's GPU slots for max_loras adapters of max_lora_rank
+        from marti_ibrl.lora import vllm_max_lora_rank
+
+        u.parts["adapters"] = 2 * lora_params(m, vllm_max_lora_rank(role.lora_rank), role.target_modules) * 2 // tp
     u.parts["runtime"] = VLLM_RUNTIME
-    u.parts["KV cache"] = budget - u.parts["weights"] - VLLM_RUNTIME
+    u.parts["KV cache"] = budget - u.parts["weights"] - u.parts.get("adapters", 0) - VLLM_RUNTIME
     per_sequence = cfg.rollout.max_len * m.kv_bytes_per_token // min(tp, m.kv_heads) + m.state_bytes_per_sequence // tp
     u.sequences = max(0, u.parts["KV cache"]) // per_sequence
     u.note = f"KV for ~{u.sequences} sequences of {cfg.rollout.max_len} tokens"
@@ -292,6 +329,9 @@ class Plan:
     assumed: list[str]
     """Paths / variables not checked here (plan without --strict)."""
     problems: list[str]
+
+    lora: list = field(default_factory=list)
+    """:class:`LoRASummary` per LoRA role."""
 
     @property
     def total_gpus(self) -> int:
@@ -356,7 +396,43 @@ def make_plan(
             "(--roleN.num_gpus_per_node) or smaller --train.micro_batch_size / --rollout.micro_batch_size"
         )
     problems = list(dict.fromkeys(problems))  # a role's engines and pool engines share its settings
-    return Plan(cfg, components, usages, nodes, gpus_per_node, gpu_memory, models, list(assumed or []), problems)
+    plan = Plan(cfg, components, usages, nodes, gpus_per_node, gpu_memory, models, list(assumed or []), problems)
+    plan.lora = lora_summary(cfg, models)
+    return plan
+
+
+@dataclass
+class LoRASummary:
+    """A LoRA role against the same role on full weights (``lora_rank 0``): its adapter and what it saves."""
+
+    role: str
+    rank: int
+    params: int
+    snapshot_bytes: int
+    """One pool snapshot (``pool.dtype``): the adapter, vs ``full_snapshot_bytes`` for the whole model."""
+    full_snapshot_bytes: int
+    gpus_saved: int
+    """Devices the role's full-weight stack would take more: its reference ranks and pool engines."""
+
+
+def lora_summary(cfg: Config, models: dict[str, ModelSpec]) -> list[LoRASummary]:
+    import copy
+
+    out = []
+    for i, role in enumerate(cfg.roles):
+        if role.frozen or role.lora_rank == 0:
+            continue
+        full = copy.deepcopy(cfg)
+        full.roles[i].lora_rank = 0
+        if full.pool.num_engines == 0:
+            full.pool.num_engines = None
+        gpus = sum(c.gpus for c in placement(full) if c.role == role.name)
+        gpus -= sum(c.gpus for c in placement(cfg) if c.role == role.name)
+        m = models[role.pretrain]
+        n = lora_params(m, role.lora_rank, role.target_modules)
+        w = 4 if cfg.pool.dtype == "fp32" else 2
+        out.append(LoRASummary(role.name, role.lora_rank, n, n * w, m.params * w, gpus))
+    return out
 
 
 def _gib(n: int) -> str:
@@ -413,6 +489,12 @@ def format_plan(p: Plan) -> str:
         if u.note:
             mem += f"; {u.note}"
         lines.append(f"{c.role:<10} {c.kind:<14} {procs:<12} {c.gpus:>4}  {mem}")
+    for x in p.lora:
+        lines.append(
+            f"{x.role}: LoRA r={x.rank}, {_count(x.params)} adapter params; a pool snapshot {_size(x.snapshot_bytes)} "
+            f"vs {_gib(x.full_snapshot_bytes)} GiB full ({cfg.pool.size} per pool); no reference model, no pool "
+            f"engines: {x.gpus_saved} GPU{'s' * (x.gpus_saved != 1)} fewer than full weights"
+        )
     alloc = p.nodes * p.gpus_per_node
     idle = f", {alloc - p.total_gpus} idle" if alloc > p.total_gpus else ""
     nodes = f"{p.nodes} node{'s' * (p.nodes != 1)}"

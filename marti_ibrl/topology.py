@@ -18,9 +18,11 @@ TOPOLOGY_FILE = "topology.json"
 
 
 def reference_placement(stack: Any) -> str:
-    """``none`` (no π_ref: kl_coef 0), ``colocated`` (on the actor's devices) or ``separate`` (devices of its own)."""
+    """``none`` (no π_ref: kl_coef 0), ``colocated`` (on the actor's devices), ``separate`` (devices of its own) or
+    ``base_adapter_off`` (a LoRA role: its actor with the adapter disabled)."""
     if stack.ref is None:
-        return "none"
+        lora = getattr(stack.role, "lora_rank", 0) > 0
+        return "base_adapter_off" if lora and stack.role.kl_coef > 0 else "none"
     return "colocated" if stack.role.colocate_ref else "separate"
 
 
@@ -35,7 +37,9 @@ def trained_role(stack: Any) -> dict:
         "engines": len(stack.engines),
         "pool_engines": len(stack.pool_engines),
         "reference": reference_placement(stack),
-        "weight_sync": a.vllm.sync_backend,  # nccl | gloo | object_store: actor -> engines after each update
+        # nccl | gloo | object_store: actor -> engines after each update; "adapter" for a LoRA role (adapter only)
+        "weight_sync": "adapter" if a.ds.lora.rank > 0 else a.vllm.sync_backend,
+        "lora_rank": a.ds.lora.rank,
         "tensor_parallel_size": a.vllm.tensor_parallel_size,
     }
 

@@ -226,7 +226,8 @@ class IBRLTrainer:
             pin_deepspeed_latest(self.run_dir, actors, commit.iteration)
         ray.get([ref for s in self.stacks.values() for ref in s.init_models(cfg.train.iterations)])
         # engines start from the actor's weights (as loaded, in its dtype), exactly as after any update
-        ray.get([ref for s in self.stacks.values() for ref in s.sync_engines_async()])
+        updates = commit.updates if commit is not None else {}
+        ray.get([ref for r, s in self.stacks.items() for ref in s.sync_engines_async(updates.get(r, 0))])
 
     def _start_rollout(self) -> None:
         """R_i per role (rule, LLM judge or a user function) and the dialogue runner."""
@@ -252,7 +253,10 @@ class IBRLTrainer:
         self.pools = {}
         if uses_pool(cfg):
             self.pools = {
-                r: OpponentPool(self.run_dir / "pool", r, cfg.pool.size, cfg.pool.eviction) for r in self.trained
+                r: OpponentPool(
+                    self.run_dir / "pool", r, cfg.pool.size, cfg.pool.eviction, adapters=self.stacks[r].lora
+                )
+                for r in self.trained
             }
         self.pool_loaded: dict[str, int] = {}  # role -> snapshot version its pool engines hold
         self.pending_snapshots: list[tuple[str, int, int, list]] = []  # (role, version, iteration, refs)
@@ -331,8 +335,9 @@ class IBRLTrainer:
             status = {r: ray.get(refs)[0] for r, (refs, _) in fits.items() if refs is not None}
             splits = {r: split for r, (_, split) in fits.items()}
             updated = list(status)  # the roles whose optimizer stepped
-        with timer("weight_sync"):  # only updated roles re-sync their engines
-            ray.get([ref for r in updated for ref in self.stacks[r].sync_engines_async()])
+        with timer("weight_sync"):  # only updated roles re-sync their engines (a LoRA role: its adapter only)
+            refs = {r: self.stacks[r].sync_engines_async(self.updates[r] + 1) for r in updated}
+            synced = {r: next((x for x in ray.get(rs) if x), None) for r, rs in refs.items()}
         for r in updated:
             self.updates[r] += 1
         with timer("snapshot"):  # Alg. 1 line 13: exports start now and overlap the next rollout
@@ -346,7 +351,11 @@ class IBRLTrainer:
             }
         )
         made = {r: len(scored[r]) for r in self.trained}
-        return self._metrics(k, trajectories, experiences, status, timer, configuration, schedule, made, splits)
+        metrics = self._metrics(k, trajectories, experiences, status, timer, configuration, schedule, made, splits)
+        for r, info in synced.items():  # what an adapter-only sync moved (full-weight syncs report nothing)
+            if info:
+                metrics[f"{r}/sync/bytes"], metrics[f"{r}/sync/seconds"] = float(info["bytes"]), info["seconds"]
+        return metrics
 
     def sample_configuration(self, k: int) -> str:
         """Eq. 6: ``both``, or the name of the role whose current policy faces the others' history."""
@@ -394,11 +403,15 @@ class IBRLTrainer:
             {"learners": list(pairing.learners), "seats": {r: p.name for r, p in fixed.items()}}
             for pairing, fixed in cast
         ]
+        for entry, (_, fixed) in zip(log, cast):  # LoRA roles: the adapter (LoRARequest) each seat was served with
+            adapters = {r: p.adapter.name for r, p in fixed.items() if p.adapter is not None}
+            if adapters:
+                entry["adapters"] = adapters
         return plays, {"opponents": opponents, "pairings": log}
 
     def _current(self, role: str) -> Policy:
         stack = self.stacks[role]
-        return Policy("current", stack.engines, stack.tokenizer)
+        return Policy("current", stack.engines, stack.tokenizer, adapter=stack.adapter)
 
     def _historical(self, role: str, rng: random.Random) -> Policy:
         """π_θi^(<k) on the role's pool engines: a snapshot older than the current policy (else the current one)."""
@@ -409,6 +422,11 @@ class IBRLTrainer:
             snap = None
         if snap is None:
             return self._current(role)
+        if stack.lora:  # an adapter the role's current engines serve per request (loaded on first use)
+            from marti_ibrl.lora import pool_adapter
+
+            adapter = pool_adapter(role, stack.slot, snap.version, str(pool.path(snap)))
+            return Policy(f"pool:{snap.version}", stack.engines, stack.tokenizer, adapter=adapter)
         if self.pool_loaded.get(role) != snap.version:
             ray.get([e.load_weights_file.remote(str(pool.path(snap))) for e in stack.pool_engines])
             self.pool_loaded[role] = snap.version
@@ -439,9 +457,9 @@ class IBRLTrainer:
                 version = self.updates[r]
                 path = self.pools[r].path_for(version)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self.pending_snapshots.append(
-                    (r, version, k, self.stacks[r].export_weights_async(str(path), self.cfg.pool.dtype))
-                )
+                stack = self.stacks[r]
+                export = stack.export_adapter_async if stack.lora else stack.export_weights_async
+                self.pending_snapshots.append((r, version, k, export(str(path), self.cfg.pool.dtype)))
 
     def finish_snapshots(self) -> None:
         """Wait for started snapshots and add them to their pools (manifest on disk; evicted files collected)."""
@@ -509,8 +527,12 @@ class IBRLTrainer:
         from marti_ibrl.rollout.engines import params_digest
 
         for r, stack in self.stacks.items():
-            record = {"iteration": k, "role": r, "actor": stack.weights_digest(), "engines": stack.engine_digests()}
-            pool = self.pools.get(r)
+            if stack.lora:  # the adapter the actor trains vs the one its engines serve as the current policy
+                record = {"iteration": k, "role": r, "actor": stack.adapter_digest()}
+                record["engines"] = stack.engine_adapter_digests()
+            else:
+                record = {"iteration": k, "role": r, "actor": stack.weights_digest(), "engines": stack.engine_digests()}
+            pool = self.pools.get(r) if not stack.lora else None
             snap = next((m for m in pool.members if m.version == self.pool_loaded.get(r)), None) if pool else None
             if snap is not None:  # (a snapshot evicted since it was loaded is not checked)
                 record["pool_version"] = snap.version

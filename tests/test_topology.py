@@ -68,6 +68,7 @@ def test_two_trained_roles(model: str, tmp_path) -> None:
                 "pool_engines": 2,
                 "reference": "colocated",
                 "weight_sync": "object_store",
+                "lora_rank": 0,
                 "tensor_parallel_size": 2,
             },
             "agent2": {
@@ -79,6 +80,7 @@ def test_two_trained_roles(model: str, tmp_path) -> None:
                 "pool_engines": 2,
                 "reference": "none",
                 "weight_sync": "object_store",
+                "lora_rank": 0,
                 "tensor_parallel_size": 1,
             },
         },

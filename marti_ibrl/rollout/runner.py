@@ -59,6 +59,7 @@ class Policy:
     engines: Sequence[Any] = ()  # Ray actor handles implementing generate_batch
     tokenizer: Any = None
     player: Any = None  # a TextPlayer (respond(env, role, trajectories) -> texts) instead of engines
+    adapter: Any = None  # LoRA roles: the AdapterRef (marti_ibrl/lora.py) the engines serve this policy with
 
     def __post_init__(self):
         if (self.player is None) == (not self.engines):
@@ -267,7 +268,11 @@ class DialogueRunner:
                 call_seed = zlib.crc32(f"{seed}/{turn}/{role}/{name}/{e}".encode())
                 sampling = {**self.sampling, "seed": call_seed}
                 sessions = [_cache_key(i, role) for i in shard]
-                refs.append(engines[e].generate_batch.remote(prompts, sampling, sessions))
+                if policy.adapter is None:
+                    refs.append(engines[e].generate_batch.remote(prompts, sampling, sessions))
+                else:  # a LoRA policy: its adapter, per request, on engines that may serve others too
+                    adapter = policy.adapter.as_dict()
+                    refs.append(engines[e].generate_batch.remote(prompts, sampling, sessions, adapter=adapter))
                 ordered += shard
             batches[role, name] = (ordered, refs)
         return batches

@@ -1,0 +1,190 @@
+"""End to end: LoRA roles (``--roleN.lora_rank``) through Ray + DeepSpeed + HF engines on CPU.
+
+Both roles train a rank-8 adapter on the same frozen tiny base, with the KL of Eq. 5 on (its reference: the base
+with the adapter off, in the actor; no reference model), opponent pools on (``--pool.probs [0,1,0]``, as
+tests/test_e2e_pool.py: iteration 3 has agent1 face agent2's snapshot v1) and ``--train.check_sync``. Asserted: only
+adapter parameters changed; π_ref is the base; the pools hold peft adapters with their manifest; the historical
+opponent was served by agent2's *current* engines as the adapter ``agent2/pool/v1``; each sync moved the adapter's
+bytes only; a run stopped after iteration 2 and resumed ends with the same adapters as the straight run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+from test_e2e_ibrl import tiny_flags
+
+pytestmark = pytest.mark.slow
+
+ROLES = ("agent1", "agent2")
+
+
+def lora_flags(model, run_dir, iterations: int) -> list[str]:
+    return [
+        *tiny_flags(model, run_dir, iterations),
+        *("--role1.lora_rank", "8", "--role2.lora_rank", "8", "--role1.lora_alpha", "16", "--role2.lora_alpha", "16"),
+        *("--role1.kl_coef", "0.05", "--role2.kl_coef", "0.05", "--ray.log_to_driver", "false"),
+        *("--pool.probs", "[0,1,0]", "--pool.size", "3", "--train.check_sync", "true", "--ds.param_dtype", "fp32"),
+    ]
+
+
+def _base_logprobs(model_dir, sequence: torch.Tensor, n_actions: int) -> torch.Tensor:
+    """log π_base of the last ``n_actions`` tokens of ``sequence`` (1, T), computed here with plain HF."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(sequence).logits[:, :-1].float()
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, sequence[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return lp[:, -n_actions:]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    import ray
+
+    from marti_ibrl.config import load_config
+    from marti_ibrl.rollout.engines import params_digest
+    from marti_ibrl.tiny import build_tiny_dond_model
+    from marti_ibrl.trainer import IBRLTrainer
+
+    tmp = tmp_path_factory.mktemp("lora")
+    model = build_tiny_dond_model(tmp / "tiny")
+    trainer = IBRLTrainer(load_config(lora_flags(model, tmp / "run", 3)))
+    history = trainer.fit()
+    stacks = trainer.stacks
+    seq = torch.tensor([[5, 17, 33, 8, 41, 12, 9, 27, 3, 14]])
+    action_mask, attention = torch.ones((1, 5), dtype=torch.bool), torch.ones_like(seq)
+    out = {
+        "base": {r: s.base_digest() for r, s in stacks.items()},
+        "adapter": {r: s.adapter_digest() for r, s in stacks.items()},
+        "engine_adapters": {r: s.engine_adapter_digests() for r, s in stacks.items()},
+        "served": {r: ray.get([e.served_adapters.remote() for e in s.engines]) for r, s in stacks.items()},
+        "current": {r: s.adapter.name for r, s in stacks.items()},
+        "policy_lp": ray.get(stacks["agent1"].actor._actor_handlers[0].forward.remote(seq, action_mask, attention)),
+        "ref_lp": ray.get(stacks["agent1"].actor._actor_handlers[0].forward_base.remote(seq, action_mask, attention)),
+        "hf_base_lp": _base_logprobs(model, seq, 5),
+        "pretrain": params_digest(
+            __import__("transformers").AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).named_parameters()
+        ),
+        "processes": {r: {k: len(v) for k, v in s.processes().items()} for r, s in stacks.items()},
+    }
+    trainer.close()
+    ray.shutdown()
+    return tmp, model, trainer, history, out
+
+
+def test_only_adapter_parameters_changed(run):
+    tmp, _, _, history, out = run
+    for r in ROLES:
+        assert out["base"][r] == out["pretrain"], r  # the frozen base inside the peft model is the checkpoint
+        assert [m[f"{r}/updated"] for m in history] == [1.0, 1.0, 1.0]
+    # the adapters moved (B starts at 0): the final adapter export has non-zero lora_B for both roles
+    from safetensors.torch import load_file
+
+    for r in ROLES:
+        final = load_file(str(tmp / "run" / r / "hf" / "adapter_model.safetensors"))
+        assert final and all(".lora_" in k for k in final), r
+        assert any(v.abs().max() > 0 for k, v in final.items() if "lora_B" in k), r
+        assert not (tmp / "run" / r / "hf" / "model.safetensors").exists()  # no full weights written
+
+
+def test_reference_is_the_base_with_the_adapter_off(run):
+    _, _, _, history, out = run
+    assert torch.allclose(out["ref_lp"].float(), out["hf_base_lp"], atol=1e-5)
+    assert (out["policy_lp"].float() - out["ref_lp"].float()).abs().max() > 1e-6  # the trained adapter is on
+    assert all(m["agent1/kl"] >= 0 for m in history if "agent1/kl" in m)
+    # no reference process: per role an actor rank and one engine, no pool engines
+    for r in ROLES:
+        assert out["processes"][r] == {"actor": 1, "reference": 0, "engines": 1, "pool_engines": 0}
+
+
+def test_engines_serve_the_actors_adapter(run):
+    tmp, _, _, _, out = run
+    for r in ROLES:
+        assert out["engine_adapters"][r] == [out["adapter"][r]], r
+    assert out["adapter"]["agent1"] != out["adapter"]["agent2"]
+    checks = [json.loads(line) for line in (tmp / "run" / "sync_checks.jsonl").read_text().splitlines()]
+    assert len(checks) == 2 * 4  # start-up + 3 iterations, 2 roles: every one passed (else the run stopped)
+
+
+def test_pool_snapshots_are_adapters_with_a_manifest(run):
+    tmp, _, _, _, _ = run
+    from marti_ibrl.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_tensors
+
+    state = json.loads((tmp / "run" / "trainer_state.json").read_text())
+    for r in ROLES:
+        pool_dir = tmp / "run" / "pool" / r
+        manifest = json.loads((pool_dir / "manifest.json").read_text())
+        assert manifest == state["pools"][r]
+        assert [m["version"] for m in manifest["members"]] == [1, 2, 3]
+        assert sorted(p.name for p in pool_dir.iterdir()) == ["manifest.json", "v000001", "v000002", "v000003"]
+        for m in manifest["members"]:
+            d = pool_dir / m["file"]
+            assert sorted(p.name for p in d.iterdir()) == sorted([ADAPTER_CONFIG, ADAPTER_WEIGHTS])
+            assert hashlib.sha256((d / ADAPTER_WEIGHTS).read_bytes()).hexdigest() == m["sha256"]
+            assert sum(p.stat().st_size for p in d.iterdir()) == m["bytes"]
+            assert {t.dtype for t in adapter_tensors(d).values()} == {torch.bfloat16}  # --pool.dtype bf16
+            config = json.loads((d / ADAPTER_CONFIG).read_text())
+            assert config["r"] == 8 and config["peft_type"] == "LORA"
+
+
+def test_historical_opponent_served_as_an_adapter_by_the_current_engines(run):
+    _, _, trainer, history, out = run
+    log = trainer.rollout_log
+    assert log[2]["opponents"] == {"agent1": "current", "agent2": "current,pool:1"}
+    first, second = log[2]["pairings"]
+    assert first["seats"] == {"agent1": "current", "agent2": "pool:1"}
+    assert first["adapters"] == {"agent1": "agent1/current/v2", "agent2": "agent2/pool/v1"}
+    assert second["adapters"] == {"agent1": "agent1/current/v2", "agent2": "agent2/current/v2"}
+    served = out["served"]["agent2"][0]
+    assert served.get("agent2/pool/v1", 0) > 0  # agent2's one engine served its own snapshot ...
+    assert not any(name.startswith("agent1/") for name in served)  # ... and nothing of agent1's
+    assert "base" not in served  # every request of a LoRA role names its adapter
+    assert out["current"] == {r: f"{r}/current/v3" for r in ROLES}  # start-up sync v0, then one per update
+
+
+def test_sync_moved_only_adapter_bytes(run):
+    tmp, model, _, history, _ = run
+    from pathlib import Path
+
+    full = (Path(model) / "model.safetensors").stat().st_size
+    adapter = json.loads((tmp / "run" / "pool" / "agent1" / "manifest.json").read_text())["members"][0]["bytes"]
+    for r in ROLES:
+        moved = [m[f"{r}/sync/bytes"] for m in history]
+        assert all(0 < b < full / 4 for b in moved), (moved, full)
+        # fp32 sync vs bf16 snapshot of the same adapter: the weights twice the size, the config the same
+        assert all(b > adapter for b in moved)
+        assert all(m[f"{r}/sync/seconds"] > 0 for m in history)
+    # one directory of the current adapter per role is kept (the previous ones were dropped after each sync)
+    for r in ROLES:
+        assert [p.name for p in (tmp / "run" / r / "adapter_sync").iterdir()] == ["v000003"]
+
+
+def test_resume_is_exact(run, tmp_path):
+    """A run of 2 iterations, then resumed to 3: the same adapters as the straight run."""
+    import ray
+    from safetensors.torch import load_file
+
+    from marti_ibrl.config import load_config
+    from marti_ibrl.trainer import IBRLTrainer
+
+    tmp, model, _, _, _ = run
+    for iterations, resume in ((2, []), (3, ["--ckpt.load_enable", "true"])):
+        trainer = IBRLTrainer(load_config([*lora_flags(model, tmp_path / "run", iterations), *resume]))
+        try:
+            trainer.fit()
+        finally:
+            trainer.close()
+            ray.shutdown()
+    for r in ROLES:
+        straight = load_file(str(tmp / "run" / r / "hf" / "adapter_model.safetensors"))
+        resumed = load_file(str(tmp_path / "run" / r / "hf" / "adapter_model.safetensors"))
+        assert straight.keys() == resumed.keys()
+        assert all(torch.allclose(straight[k], resumed[k], atol=1e-6) for k in straight), r
+    a = json.loads((tmp / "run" / "trainer_state.json").read_text())["rollout_log"]
+    b = json.loads((tmp_path / "run" / "trainer_state.json").read_text())["rollout_log"]
+    assert a == b
