@@ -69,6 +69,28 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export_merged(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from marti_ibrl.lora import ADAPTER_CONFIG, export_merged
+
+    config = Path(args.adapter) / ADAPTER_CONFIG
+    if not config.is_file():
+        print(
+            f"marti-ibrl export-merged: error: {args.adapter}: no {ADAPTER_CONFIG} (not a peft adapter)",
+            file=sys.stderr,
+        )
+        return 2
+    base = args.base or json.loads(config.read_text()).get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        print(f"marti-ibrl export-merged: error: --base: base checkpoint {base!r} is not a directory", file=sys.stderr)
+        return 2
+    out = export_merged(base, args.adapter, args.out, args.dtype)
+    print(f"wrote {out} ({base} + {args.adapter}, merged)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marti-ibrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -137,6 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     from marti_ibrl.models import add_model_parser
 
     add_model_parser(sub)
+
+    merged = sub.add_parser(
+        "export-merged",
+        help="a LoRA role's adapter merged into its base: an ordinary HF checkpoint",
+        description="ADAPTER: a peft directory (RUN/ROLE/hf, RUN/pool/ROLE/vNNNNNN); the base defaults to the one its "
+        "adapter_config.json names (the role's --roleN.pretrain).",
+    )
+    merged.add_argument("adapter")
+    merged.add_argument("out")
+    merged.add_argument("--base", default=None, help="base checkpoint (default: the adapter's base_model_name_or_path)")
+    merged.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
+    merged.set_defaults(func=_cmd_export_merged)
     return parser
 
 

@@ -68,7 +68,9 @@ def run(tmp_path_factory):
         "ref_lp": ray.get(stacks["agent1"].actor._actor_handlers[0].forward_base.remote(seq, action_mask, attention)),
         "hf_base_lp": _base_logprobs(model, seq, 5),
         "pretrain": params_digest(
-            __import__("transformers").AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).named_parameters()
+            __import__("transformers")
+            .AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+            .named_parameters()
         ),
         "processes": {r: {k: len(v) for k, v in s.processes().items()} for r, s in stacks.items()},
     }

@@ -78,7 +78,9 @@ def test_placement_lora_roles_have_no_reference_and_no_pool_engines(tiny):
     assert kinds == {
         **{(r, k): 1 for r in ("agent1", "agent2") for k in (ENGINES, POOL_ENGINES, ACTOR, REFERENCE)},
     }
-    assert {(c.role, c.kind) for c in placement(lora)} == {(r, k) for r in ("agent1", "agent2") for k in (ENGINES, ACTOR)}
+    assert {(c.role, c.kind) for c in placement(lora)} == {
+        (r, k) for r in ("agent1", "agent2") for k in (ENGINES, ACTOR)
+    }
     assert device_slots(full) - device_slots(lora) == 4  # per role: a reference rank and a pool engine
     assert {(c.role, c.kind): c.count for c in placement(mixed)} == {
         ("agent1", ENGINES): 1,
@@ -203,3 +205,23 @@ def test_hf_engine_serves_adapters_per_request(tiny, tmp_path):
     assert "agent1/pool/v0" not in engine.adapters
     engine.load_adapter(adapters[0])  # the sync path: loaded now
     assert engine.adapter_digest("agent1/pool/v0") == params_digest(adapter_tensors(adapters[0]["path"]).items())
+
+
+def test_export_merged_command(tiny, tmp_path, capsys):
+    from peft import get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from marti_ibrl.cli import main
+
+    peft = _peft(tiny, seed=3)
+    write_adapter(tmp_path / "a", get_peft_model_state_dict(peft), peft.peft_config["default"], base_model=tiny)
+    assert main(["export-merged", str(tmp_path / "a"), str(tmp_path / "m")]) == 0
+    assert f"wrote {tmp_path / 'm'}" in capsys.readouterr().out
+    ids = torch.tensor([[7, 3, 19, 4]])
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"), dtype=torch.float32)(ids).logits
+        assert torch.allclose(got, peft(ids).logits, atol=1e-4)
+    assert main(["export-merged", str(tmp_path), str(tmp_path / "x")]) == 2  # not an adapter
+    assert "no adapter_config.json" in capsys.readouterr().err
+    assert main(["export-merged", str(tmp_path / "a"), str(tmp_path / "x"), "--base", "/nowhere"]) == 2
+    assert "--base: base checkpoint '/nowhere' is not a directory" in capsys.readouterr().err

@@ -556,10 +556,8 @@ class RoleStack:
                 role.num_nodes, role.num_gpus_per_node, RoleReferenceActor, pg=pg, num_gpus_per_actor=share
             )
         tokenizer = AutoTokenizer.from_pretrained(role.pretrain)
-        if role.lora_rank > 0 and role.kl_coef > 0:  # π_ref = the base with the adapter off, in the actor itself
-            ref_group = AdapterOffReference(actor)
-        else:
-            ref_group = ref
+        # a LoRA role's π_ref: the base with the adapter off, in the actor itself (no reference group)
+        ref_group = AdapterOffReference(actor) if role.lora_rank > 0 and role.kl_coef > 0 else ref
         maker = IsolatedExperienceMaker(actor, None, None, ref_group, FixedKLController(0.0), strategy, tokenizer)
         return cls(
             role,
