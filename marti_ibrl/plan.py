@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marti_ibrl.config import Config, ConfigError, load_config
-from marti_ibrl.placement import ACTOR, FROZEN_ENGINES, REFERENCE, Component, placement
+from marti_ibrl.placement import ACTOR, FROZEN_ENGINES, POOL_ENGINES, REFERENCE, Component, placement
 
 GiB = 1024**3
 PROCESS_OVERHEAD = 1 * GiB
@@ -412,7 +412,10 @@ class LoRASummary:
     """One pool snapshot (``pool.dtype``): the adapter, vs ``full_snapshot_bytes`` for the whole model."""
     full_snapshot_bytes: int
     gpus_saved: int
-    """Devices the role's full-weight stack would take more: its reference ranks and pool engines."""
+    """Devices the role's full-weight stack (same flags, ``lora_rank 0``) would take more: its reference ranks and
+    pool engines (``reference_gpus`` + ``pool_gpus``)."""
+    reference_gpus: int = 0
+    pool_gpus: int = 0
 
 
 def lora_summary(cfg: Config, models: dict[str, ModelSpec]) -> list[LoRASummary]:
@@ -426,12 +429,13 @@ def lora_summary(cfg: Config, models: dict[str, ModelSpec]) -> list[LoRASummary]
         full.roles[i].lora_rank = 0
         if full.pool.num_engines == 0:
             full.pool.num_engines = None
-        gpus = sum(c.gpus for c in placement(full) if c.role == role.name)
-        gpus -= sum(c.gpus for c in placement(cfg) if c.role == role.name)
+        gpus = {c.kind: c.gpus for c in placement(full) if c.role == role.name}
+        saved = sum(gpus.values()) - sum(c.gpus for c in placement(cfg) if c.role == role.name)
         m = models[role.pretrain]
         n = lora_params(m, role.lora_rank, role.target_modules)
         w = 4 if cfg.pool.dtype == "fp32" else 2
-        out.append(LoRASummary(role.name, role.lora_rank, n, n * w, m.params * w, gpus))
+        ref, pool = gpus.get(REFERENCE, 0), gpus.get(POOL_ENGINES, 0)
+        out.append(LoRASummary(role.name, role.lora_rank, n, n * w, m.params * w, saved, ref, pool))
     return out
 
 
@@ -493,7 +497,8 @@ def format_plan(p: Plan) -> str:
         lines.append(
             f"{x.role}: LoRA r={x.rank}, {_count(x.params)} adapter params; a pool snapshot {_size(x.snapshot_bytes)} "
             f"vs {_gib(x.full_snapshot_bytes)} GiB full ({cfg.pool.size} per pool); no reference model, no pool "
-            f"engines: {x.gpus_saved} GPU{'s' * (x.gpus_saved != 1)} fewer than full weights"
+            f"engines: {x.gpus_saved} GPU{'s' * (x.gpus_saved != 1)} fewer than full weights with these flags "
+            f"(reference {x.reference_gpus}, pool engines {x.pool_gpus})"
         )
     alloc = p.nodes * p.gpus_per_node
     idle = f", {alloc - p.total_gpus} idle" if alloc > p.total_gpus else ""

@@ -232,3 +232,53 @@ def test_model_gradient_of_role_loss_ignores_counterpart_tokens(tiny) -> None:
     # ... and the counterpart's mask picks different tokens, hence a different gradient
     other = grads(old, adv, not_a)
     assert any(not torch.equal(g, b) for g, b in zip(other, base) if g is not None)
+
+
+def test_lora_roles_on_one_base_are_isolated(tiny) -> None:
+    """Two LoRA roles on one frozen base (as when they share a checkpoint and an engine set): role A's loss and its
+    adapter's gradient are unchanged by role B's tokens and by role B's adapter weights; B's adapter and the base get
+    no gradient from A's loss."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    tok, model = tiny
+    seq, mask_a, not_a = _dialogue_sequence(tok)
+    peft = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, target_modules="all-linear"), adapter_name="agent1")
+    peft.add_adapter("agent2", LoraConfig(r=4, target_modules="all-linear"))
+    gen = torch.Generator().manual_seed(1)
+    for n, p in peft.named_parameters():
+        if "lora_B" in n:
+            p.data.normal_(0, 0.05, generator=gen)
+    peft.base_model.set_adapter("agent1")  # (set_adapter freezes the inactive adapter: both stay in the graph)
+    for n, p in peft.named_parameters():
+        p.requires_grad_(".lora_" in n)
+    own = [p for n, p in peft.named_parameters() if ".agent1." in n]
+    other = [p for n, p in peft.named_parameters() if ".agent2." in n]
+    loss_fn = IsolatedPolicyLoss()
+    old_gen = torch.Generator().manual_seed(0)
+    noise = torch.randn(seq.shape[0], seq.shape[1] - 1, generator=old_gen) * 0.1
+    adv = torch.full(noise.shape, 0.8)
+
+    def loss_and_grads(sequence: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        logits = peft(sequence).logits[:, :-1].float()
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, sequence[:, 1:].unsqueeze(-1)).squeeze(-1)
+        old = lp.detach() + noise
+        loss, *_ = loss_fn(lp, old, adv, action_mask=mask_a, rollout_log_probs=old)
+        return loss.detach(), torch.autograd.grad(loss, own + other, allow_unused=True)
+
+    loss, grads = loss_and_grads(seq)
+    assert sum(float(g.abs().sum()) for g in grads[: len(own)]) > 0
+    assert all(g is None or not g.any() for g in grads[len(own) :])  # role B's adapter: no gradient from A's loss
+    # role B's adapter weights change: nothing of A's changes
+    with torch.no_grad():
+        for p in other:
+            p.add_(torch.randn(p.shape, generator=gen))
+    loss2, grads2 = loss_and_grads(seq)
+    assert torch.equal(loss, loss2) and all(torch.equal(a, b) for a, b in zip(grads[: len(own)], grads2[: len(own)]))
+    # ... and it could fail: role A's own adapter weights do change its gradient
+    with torch.no_grad():
+        for p in own:
+            p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+    _, grads3 = loss_and_grads(seq)
+    assert any(not torch.equal(a, b) for a, b in zip(grads[: len(own)], grads3[: len(own)]))
