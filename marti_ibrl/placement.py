@@ -5,6 +5,7 @@
 the order :meth:`RoleStack.start <marti_ibrl.backend.openrlhf_glue.RoleStack.start>` creates them:
 
 * ``engines``: ``roleN.num_engines`` rollout engines of ``roleN.tensor_parallel_size`` GPUs each (current policy);
+  with ``rollout.share_engines`` only the first trained role's, serving every LoRA role (:func:`shares_engines`);
 * ``pool engines``: ``pool.num_engines`` more of the same size serving the role's historical checkpoints (Eq. 6),
   only when opponent pools are on (:func:`uses_pool`) and the role trains full weights: a LoRA role's snapshots are
   adapters its own engines serve (:func:`pool_engine_count`);
@@ -67,6 +68,12 @@ def pool_engine_count(cfg: Config, role: RoleConfig) -> int:
     return 1 if cfg.pool.num_engines is None else cfg.pool.num_engines
 
 
+def shares_engines(cfg: Config, role: RoleConfig) -> bool:
+    """``--rollout.share_engines``: a trained role after the first serves its adapters from the first role's engines
+    (and starts none)."""
+    return cfg.rollout.share_engines and not role.frozen and role is not trained_roles(cfg)[0]
+
+
 def frozen_checkpoints(role: RoleConfig) -> list[str]:
     """Paths of a frozen role's ``checkpoint:`` counterparts (each served by its own engines)."""
     from marti_ibrl.rollout.players import parse_player_spec
@@ -82,7 +89,8 @@ def placement(cfg: Config) -> list[Component]:
         if role.frozen:
             out += [Component(role.name, FROZEN_ENGINES, p, role.num_engines, tp) for p in frozen_checkpoints(role)]
             continue
-        out.append(Component(role.name, ENGINES, role.pretrain, role.num_engines, tp))
+        if not shares_engines(cfg, role):
+            out.append(Component(role.name, ENGINES, role.pretrain, role.num_engines, tp))
         if pool_engine_count(cfg, role):
             out.append(Component(role.name, POOL_ENGINES, role.pretrain, pool_engine_count(cfg, role), tp))
         ranks = role.num_nodes * role.num_gpus_per_node

@@ -500,6 +500,13 @@ def format_plan(p: Plan) -> str:
             f"engines: {x.gpus_saved} GPU{'s' * (x.gpus_saved != 1)} fewer than full weights with these flags "
             f"(reference {x.reference_gpus}, pool engines {x.pool_gpus})"
         )
+    if cfg.rollout.share_engines:
+        first, *others = [r for r in cfg.roles if not r.frozen]
+        saved = sum(r.num_engines * r.tensor_parallel_size for r in others)
+        lines.append(
+            f"engines: {first.name}'s {first.num_engines} × TP{first.tensor_parallel_size} serve the adapters of "
+            f"{', '.join(r.name for r in [first, *others])} (--rollout.share_engines): {saved} GPUs fewer"
+        )
     alloc = p.nodes * p.gpus_per_node
     idle = f", {alloc - p.total_gpus} idle" if alloc > p.total_gpus else ""
     nodes = f"{p.nodes} node{'s' * (p.nodes != 1)}"

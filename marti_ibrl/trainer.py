@@ -43,7 +43,7 @@ from marti_ibrl.commit import STATE_FILE, Commit, pin_deepspeed_latest
 from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
 from marti_ibrl.device import resolve_device
 from marti_ibrl.envs import make_env
-from marti_ibrl.placement import frozen_checkpoints, uses_pool
+from marti_ibrl.placement import frozen_checkpoints, shares_engines, uses_pool
 from marti_ibrl.rewards import RoleRewards
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.render import role_experience
@@ -209,7 +209,11 @@ class IBRLTrainer:
         synced to them."""
         cfg = self.cfg
         init_ray(cfg, device)
-        self.stacks = {r.name: RoleStack.start(cfg, r, device) for r in cfg.roles if not r.frozen}
+        self.stacks = {}
+        for r in cfg.roles:
+            if not r.frozen:  # --rollout.share_engines: the first role's engines serve every LoRA role's adapters
+                shared = next(iter(self.stacks.values())).engines if shares_engines(cfg, r) else None
+                self.stacks[r.name] = RoleStack.start(cfg, r, device, engines=shared)
         self.frozen = {r.name: self._frozen_policies(r, device) for r in cfg.roles if r.frozen}
         self.topology = topology(  # what actually runs: ranks, ZeRO stage, engines, reference, weight sync, nodes
             cfg,

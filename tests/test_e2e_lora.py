@@ -190,3 +190,35 @@ def test_resume_is_exact(run, tmp_path):
     a = json.loads((tmp / "run" / "trainer_state.json").read_text())["rollout_log"]
     b = json.loads((tmp_path / "run" / "trainer_state.json").read_text())["rollout_log"]
     assert a == b
+
+
+def test_shared_engine_set_is_exact(run, tmp_path):
+    """``--rollout.share_engines``: one engine serves both roles' adapters (current and pool snapshots, per request),
+    and the run is exactly the run with an engine per role: same dialogues, same final adapters (every request is
+    sampled with its own seed and its role's adapter, whichever engine serves it)."""
+    import ray
+    from safetensors.torch import load_file
+
+    from marti_ibrl.config import load_config
+    from marti_ibrl.trainer import IBRLTrainer
+
+    tmp, model, _, _, _ = run
+    trainer = IBRLTrainer(load_config([*lora_flags(model, tmp_path / "run", 3), "--rollout.share_engines", "true"]))
+    try:
+        trainer.fit()
+        stacks = trainer.stacks
+        assert stacks["agent1"].engines == stacks["agent2"].engines and len(stacks["agent1"].engines) == 1
+        assert ray.cluster_resources()["GPU"] == 3  # 2 actor ranks + 1 engine (4 with an engine per role)
+        (served,) = ray.get([e.served_adapters.remote() for e in stacks["agent1"].engines])
+    finally:
+        trainer.close()
+        ray.shutdown()
+    assert {n.rsplit("/", 1)[0] for n in served} == {"agent1/current", "agent2/current", "agent2/pool"}
+    for r in ROLES:
+        straight = load_file(str(tmp / "run" / r / "hf" / "adapter_model.safetensors"))
+        shared = load_file(str(tmp_path / "run" / r / "hf" / "adapter_model.safetensors"))
+        assert all(torch.equal(straight[k], shared[k]) for k in straight), r
+    a = json.loads((tmp / "run" / "trainer_state.json").read_text())
+    b = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
+    assert a["rollout_log"] == b["rollout_log"]
+    assert [m["agent1/reward"] for m in a["history"]] == [m["agent1/reward"] for m in b["history"]]

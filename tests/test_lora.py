@@ -63,6 +63,12 @@ def test_flags_reach_openrlhf(tiny):
         (["--role1.lora_rank", "1024"], "--role1.lora_rank"),  # rollout.engine auto: vLLM on GPUs
         (["--pool.num_engines", "0", "--role1.lora_rank", "8"], "--pool.num_engines"),  # role2: full weights
         (["--pool.num_engines", "-1"], "--pool.num_engines"),
+        (["--rollout.share_engines", "true", "--role1.lora_rank", "8"], "--rollout.share_engines"),  # role2 full
+        (
+            ["--rollout.share_engines", "true", "--role1.lora_rank", "8", "--role2.lora_rank", "8"]
+            + ["--role2.num_engines", "2"],
+            "--rollout.share_engines",
+        ),
     ],
 )
 def test_bad_lora_flags_name_the_flag(tiny, flags, flag):
@@ -92,6 +98,20 @@ def test_placement_lora_roles_have_no_reference_and_no_pool_engines(tiny):
     }
     # with every trained role on LoRA, 0 pool engines is valid
     assert _cfg(tiny, "--role1.lora_rank", "8", "--role2.lora_rank", "8", "--pool.num_engines", "0")
+    shared = _cfg(tiny, "--role1.lora_rank", "8", "--role2.lora_rank", "8", "--rollout.share_engines", "true")
+    assert {(c.role, c.kind) for c in placement(shared)} == {("agent1", ENGINES), ("agent1", ACTOR), ("agent2", ACTOR)}
+    assert device_slots(lora) - device_slots(shared) == 1
+
+
+def test_shared_engines_serve_every_roles_adapters(tiny):
+    from marti_ibrl.backend.openrlhf_glue import engine_lora
+
+    own = _cfg(tiny, "--role1.lora_rank", "8", "--role2.lora_rank", "16", "--pool.size", "3")
+    shared = _cfg(tiny, "--role1.lora_rank", "8", "--role2.lora_rank", "16", "--pool.size", "3")
+    shared.rollout.share_engines = True
+    assert engine_lora(own, own.roles[0]) == {"max_loras": 2, "max_lora_rank": 8, "max_cpu_loras": 5}
+    assert engine_lora(shared, shared.roles[0]) == {"max_loras": 4, "max_lora_rank": 16, "max_cpu_loras": 10}
+    assert engine_lora(_cfg(tiny), _cfg(tiny).roles[0]) is None
 
 
 def test_names_ids_and_ranks():
@@ -274,3 +294,16 @@ def test_plan_lora_roles(tmp_path, capsys):
     assert (
         "no reference model, no pool engines: 2 GPUs fewer than full weights with these flags (reference 1, pool" in out
     )
+
+
+def test_plan_shared_engines(tiny, capsys):
+    from marti_ibrl.cli import main
+
+    flags = ["--role1.pretrain", tiny, "--role2.pretrain", tiny, "--role1.lora_rank", "8", "--role2.lora_rank", "8"]
+    flags += ["--role1.num_engines", "3", "--role2.num_engines", "3", "--rollout.share_engines", "true"]
+    assert main(["plan", *flags]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "engines: agent1's 3 × TP1 serve the adapters of agent1, agent2 (--rollout.share_engines): 3 GPUs fewer" in out
+    )
+    assert "total: 5 GPUs" in out  # 3 engines + 2 actor ranks

@@ -530,15 +530,17 @@ class RoleStack:
         return self.role.lora_rank > 0
 
     @classmethod
-    def start(cls, cfg: Config, role: RoleConfig, device: str) -> RoleStack:
-        """Create the role's engines and actor groups (models load in :meth:`init_models`)."""
+    def start(cls, cfg: Config, role: RoleConfig, device: str, engines: list | None = None) -> RoleStack:
+        """Create the role's engines and actor groups (models load in :meth:`init_models`). ``engines``: another
+        role's engine set to serve this role's adapters too (``--rollout.share_engines``) instead of its own."""
         from openrlhf.utils import get_strategy
         from transformers import AutoTokenizer
 
         args = role_args(cfg, role, device)
         strategy = get_strategy(args)
         seed = cfg.train.seed + 1000 * (cfg.roles.index(role) + 1)
-        engines = start_engines(cfg, role, role.pretrain, seed, device, role.num_engines)
+        if engines is None:
+            engines = start_engines(cfg, role, role.pretrain, seed, device, role.num_engines)
         pool_engines = []
         if pool_engine_count(cfg, role):
             pool_engines = start_engines(cfg, role, role.pretrain, seed + 500, device, pool_engine_count(cfg, role))
@@ -734,12 +736,15 @@ def start_engines(cfg: Config, role: RoleConfig, model: str, seed: int, device: 
 def engine_lora(cfg: Config, role: RoleConfig) -> dict | None:
     """A LoRA role's engines serve adapters per request: its current one and, in a history iteration, one pool
     snapshot at a time in a batch (``max_loras`` 2); every pool member and the current adapter stay loaded
-    (``max_cpu_loras``). None for a full-weight role."""
+    (``max_cpu_loras``); with ``--rollout.share_engines`` as many again per role served. None for a full-weight
+    role."""
     if role.frozen or role.lora_rank == 0:
         return None
     from marti_ibrl.lora import vllm_max_lora_rank
 
-    return {"max_loras": 2, "max_lora_rank": vllm_max_lora_rank(role.lora_rank), "max_cpu_loras": cfg.pool.size + 2}
+    roles = [r for r in cfg.roles if not r.frozen] if cfg.rollout.share_engines else [role]  # every role it serves
+    rank = vllm_max_lora_rank(max(r.lora_rank for r in roles))
+    return {"max_loras": 2 * len(roles), "max_lora_rank": rank, "max_cpu_loras": len(roles) * (cfg.pool.size + 2)}
 
 
 def training_kv_sequences(cfg: Config, num_engines: int, least: int = 8) -> int:
