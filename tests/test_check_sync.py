@@ -26,6 +26,7 @@ def _trainer(tmp_path, engines: dict[str, list[str]], pool_engines: list[str] | 
             weights_digest=lambda r=r: f"{r}-actor",
             engine_digests=lambda es=None, r=r: list(pool_engines if es == "pool" else engines[r]),
             pool_engines="pool",
+            lora=False,
         )
         for r in engines
     }

@@ -30,7 +30,13 @@ def _trainer(tmp_path, updates: dict[str, int], snapshots: dict[str, list[int]],
     t.cfg = SimpleNamespace(train=SimpleNamespace(seed=1))
     t.roles, t.trained, t.frozen = list(roles), list(roles), {}
     t.stacks = {
-        r: SimpleNamespace(engines=[_Engine(f"{r}/current")], pool_engines=[_Engine(f"{r}/pool")], tokenizer=None)
+        r: SimpleNamespace(
+            engines=[_Engine(f"{r}/current")],
+            pool_engines=[_Engine(f"{r}/pool")],
+            tokenizer=None,
+            lora=False,
+            adapter=None,
+        )
         for r in roles
     }
     t.pools, t.pool_loaded, t.pending_snapshots, t.updates = {}, {}, [], dict(updates)

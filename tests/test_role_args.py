@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from marti_ibrl.backend.openrlhf_glue import device_slots, role_args, uses_pool
+from marti_ibrl.backend.openrlhf_glue import device_slots, role_args
 from marti_ibrl.config import load_config
+from marti_ibrl.placement import uses_pool
 
 
 @pytest.fixture(scope="module")
@@ -165,12 +166,14 @@ def test_engines_serve_in_the_trainers_dtype(model, monkeypatch, dtype: str, eng
 
     seen = {}
     monkeypatch.setattr(vllm_engine, "create_vllm_engines", lambda *a, **kw: seen.update(kw) or ["engine"])
-    monkeypatch.setattr("marti_ibrl.rollout.engines.vllm_engine_class", lambda kv: f"vllm-engine-class, KV {kv}")
+    monkeypatch.setattr(
+        "marti_ibrl.rollout.engines.vllm_engine_class", lambda kv, lora: f"vllm-engine-class, KV {kv}, LoRA {lora}"
+    )
     cfg = load_config(["--role1.pretrain", model, "--role2.pretrain", model, "--ds.param_dtype", dtype])
     cfg.rollout.engine = "vllm"
     assert openrlhf_glue.start_engines(cfg, cfg.roles[0], model, 0, "cpu", 1) == ["engine"]
     assert (seen["dtype"], seen["engine_cls"], seen["enable_prefix_caching"]) == (
         engine_dtype,
-        "vllm-engine-class, KV 64",  # on CPU its KV cache holds the iteration's 16 x 4 dialogues
+        "vllm-engine-class, KV 64, LoRA None",  # on CPU its KV cache holds the iteration's 16 x 4 dialogues
         True,
     )
