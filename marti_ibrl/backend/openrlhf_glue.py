@@ -190,7 +190,8 @@ class RolePolicyActorBase(RendezvousPort, PolicyModelActor.__ray_actor_class__):
     def sync_adapter(self, adapter: dict, previous: dict | None = None) -> dict | None:
         """Adapter-only weight sync: write the adapter (training dtype, so the engines serve exactly the actor's
         weights) to ``adapter["path"]``, have every engine of the role load it as ``adapter`` and drop ``previous``.
-        Returns {bytes, seconds, write_seconds} on rank 0, None elsewhere."""
+        Only the current adapter's directory is kept. Returns {bytes, seconds, write_seconds} on rank 0, None
+        elsewhere."""
         import shutil
         import time
 
@@ -202,7 +203,9 @@ class RolePolicyActorBase(RendezvousPort, PolicyModelActor.__ray_actor_class__):
         ray.get([e.load_adapter.remote(adapter) for e in self.vllm_engines])
         if previous is not None:
             ray.get([e.remove_adapter.remote(previous) for e in self.vllm_engines])
-            shutil.rmtree(previous["path"], ignore_errors=True)
+        for old in Path(adapter["path"]).parent.iterdir():  # the previous adapter, or a stopped run's later ones
+            if old.name != Path(adapter["path"]).name:
+                shutil.rmtree(old, ignore_errors=True)
         return {"bytes": info["bytes"], "seconds": time.perf_counter() - start, "write_seconds": write}
 
     def adapter_digest(self) -> str:
