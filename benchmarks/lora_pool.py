@@ -102,8 +102,12 @@ def main() -> None:
     model = args.model or _default_model()
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     peft = _adapter_model(model, args.rank, 0)
-    full_state = {k: v.detach().clone() for k, v in peft.get_base_model().state_dict().items() if "lora_" not in k}
-    full_state = {k.replace(".base_layer.", "."): v for k, v in full_state.items()}
+    # the policy's parameters as a full-weight snapshot holds them (named_parameters: a tied head counted once)
+    full_state = {
+        k.replace(".base_layer.", "."): v.detach().clone()
+        for k, v in peft.get_base_model().named_parameters()
+        if "lora_" not in k
+    }
     full_params = sum(v.numel() for v in full_state.values())
     adapter_params = sum(v.numel() for v in get_peft_model_state_dict(peft).values())
     print(f"model {model}: {full_params / 1e6:.1f}M params; LoRA r={args.rank} all-linear: {adapter_params / 1e6:.2f}M")
@@ -134,7 +138,7 @@ def main() -> None:
             adapters.append(AdapterRef(f"bench/pool/v{i + 1}", 100 + i, str(d / f"a{i}")).as_dict())
         del p
 
-        start_ray(1, "cpu", log_to_driver=False)
+        start_ray(2, "cpu", log_to_driver=False)  # two engines, one after the other (a killed one keeps its slot)
         eargs = SimpleNamespace(vllm=SimpleNamespace(gpu_memory_utilization=0.5))
         g = torch.Generator().manual_seed(0)
         vocab = peft.config.vocab_size
