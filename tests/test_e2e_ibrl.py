@@ -137,13 +137,15 @@ def test_topology_records_what_ran(run):
     tmp, _, _, (cfg, slots) = run
     topo = json.loads((tmp / "run" / "topology.json").read_text())
     assert topo["device"] == "cpu" and topo["frozen"] == {}
+    from marti_ibrl.placement import pool_engine_count
+
     expected_reference = {"agent1": "colocated", "agent2": "separate"}  # --role1.colocate_ref true; both kl_coef > 0
     for role in cfg.roles:
         got = topo["trained"][role.name]
         assert got["ranks"] == role.num_nodes * role.num_gpus_per_node == 1
         assert (got["zero_stage"], got["param_dtype"]) == (cfg.ds.zero_stage, cfg.ds.param_dtype)
         assert (got["engine_kind"], got["engines"], got["tensor_parallel_size"]) == ("hf", role.num_engines, 1)
-        assert got["pool_engines"] == cfg.pool.num_engines == 1  # pools on (default pool.probs)
+        assert got["pool_engines"] == pool_engine_count(cfg, role) == 1  # pools on (default pool.probs), unset: 1
         assert got["weight_sync"] == "object_store"  # CPU: no NCCL group
         assert got["reference"] == expected_reference[role.name]
     [node] = topo["nodes"]  # the local Ray: one live node with one logical "GPU" per device slot
