@@ -209,13 +209,13 @@ def stage_sft(sft_dir: Path, profile: Profile, keep: Path | None = None) -> dict
     """The SFT init in ``sft_dir``: reused when present, else copied from ``KEEP/sft`` when kept there, else trained
     (and then kept). Returns its record (validity, time, settings)."""
     from marti_ibrl.envs.dond import DondEnv, generate_scenarios
-    from marti_ibrl.sft import run_sft, sft_records, validity_report, write_sft_data
+    from marti_ibrl.sft import rendering, run_sft, sft_records, validity_report, write_sft_data
     from marti_ibrl.tiny import build_tiny_dond_model
 
     record_path = sft_dir / SFT_RECORD
     out = sft_dir.parent
     env_cfg = recipe_env()
-    data_env = {k: env_cfg[k] for k in ("prompt_style", "max_rounds", "bot_speech", "show_complement")}
+    data_env = rendering(env_cfg)
     if not record_path.exists() and keep is not None and (keep / "sft" / SFT_RECORD).exists():
         shutil.copytree(keep / "sft", sft_dir, dirs_exist_ok=True)
         _log(f"SFT init copied from {keep / 'sft'}")

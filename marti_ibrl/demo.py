@@ -65,12 +65,12 @@ SFT_RECORD = "demo_sft.json"
 def sft_settings(env_cfg: EnvConfig, model: str, sft_scenarios: int | None = None) -> dict:
     """Everything a warm start depends on: the base model, the environment's rendering of the SFT dialogues, the SFT
     hyperparameters (``DEMO_SFT`` for the tiny model, ``SMOLLM2_SFT`` for a pretrained one)."""
-    from marti_ibrl.sft import DEMO_SFT, DEMO_TINY_MODEL, SMOLLM2_SFT
+    from marti_ibrl.sft import DEMO_SFT, DEMO_TINY_MODEL, SMOLLM2_SFT, rendering
 
     sft = dict(DEMO_SFT if model == TINY else SMOLLM2_SFT)
     if sft_scenarios is not None:
         sft["n_scenarios"] = sft_scenarios
-    env = {k: getattr(env_cfg, k) for k in ("name", "prompt_style", "max_rounds", "bot_speech", "show_complement")}
+    env = {"name": env_cfg.name, **rendering(env_cfg)}
     return {"model": model, "tiny_model": DEMO_TINY_MODEL if model == TINY else None, "env": env, "sft": sft}
 
 

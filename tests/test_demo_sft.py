@@ -24,7 +24,7 @@ def _env():
 def test_settings_name_the_model_the_env_rendering_and_the_sft_hyperparameters() -> None:
     s = sft_settings(_env(), "tiny")
     assert s["model"] == "tiny" and s["tiny_model"]["hidden_size"] > 0
-    assert set(s["env"]) == {"name", "prompt_style", "max_rounds", "bot_speech", "show_complement"}
+    assert set(s["env"]) == {"name", "prompt_style", "max_rounds", "bot_speech", "show_complement"}  # RENDERING_KEYS
     assert s["env"]["name"] == "dond" and {"n_scenarios", "lr", "batch_size"} <= set(s["sft"])
     assert sft_settings(_env(), "tiny", sft_scenarios=3)["sft"]["n_scenarios"] == 3
 

@@ -12,6 +12,7 @@ import pytest
 from bench_loader import benchmark_fixture
 
 from marti_ibrl.config import load_config
+from marti_ibrl.sft import RENDERING_KEYS
 
 bench = benchmark_fixture("mini_table2")
 
@@ -270,7 +271,7 @@ def test_every_finished_unit_is_kept_and_a_new_machine_redoes_none_of_it(bench, 
 
 def test_the_sft_init_is_kept_and_taken_from_the_keep(bench, tmp_path):
     env = bench.recipe_env()
-    data_env = {k: env[k] for k in ("prompt_style", "max_rounds", "bot_speech", "show_complement")}
+    data_env = {k: env[k] for k in RENDERING_KEYS}
     sft, keep = tmp_path / "sft", tmp_path / "keep"
     sft.mkdir()
     (sft / "model.safetensors").write_bytes(b"weights")

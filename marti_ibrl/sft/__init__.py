@@ -17,7 +17,7 @@ records), :mod:`~marti_ibrl.sft.train` (OpenRLHF's SFT trainer as a subprocess),
 """
 
 from marti_ibrl.sft.checks import assistant_nll, protocol_validity, validity_report
-from marti_ibrl.sft.data import Record, sft_records, write_sft_data
+from marti_ibrl.sft.data import RENDERING_KEYS, Record, rendering, sft_records, write_sft_data
 from marti_ibrl.sft.presets import (
     DEMO_SFT,
     DEMO_TINY_MODEL,
@@ -30,6 +30,7 @@ from marti_ibrl.sft.train import TENSORBOARD_SUBDIR, run_sft, sft_command, sft_l
 
 __all__ = [
     "DEMO_SFT",
+    "RENDERING_KEYS",
     "DEMO_TINY_MODEL",
     "SMALL_TINY_MODEL",
     "SMOLLM2_SFT",
@@ -39,6 +40,7 @@ __all__ = [
     "Record",
     "assistant_nll",
     "protocol_validity",
+    "rendering",
     "run_sft",
     "sft_command",
     "sft_loss_curve",

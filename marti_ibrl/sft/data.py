@@ -19,6 +19,16 @@ from marti_ibrl.envs.dond import DondEnv, DondScenario, make_bot, play_dialogue
 
 Record = dict[str, Any]
 
+RENDERING_KEYS = ("prompt_style", "max_rounds", "bot_speech", "show_complement")
+"""The DoND environment settings (``EnvConfig`` fields) an SFT record's text depends on: a warm start made under other
+values was trained on text the RL rollout never shows (the demo's and mini Table 2's SFT records compare them)."""
+
+
+def rendering(env_cfg: Any) -> dict[str, Any]:
+    """``env_cfg``'s :data:`RENDERING_KEYS` as a dict (``env_cfg``: an ``EnvConfig`` or a mapping)."""
+    get = env_cfg.__getitem__ if isinstance(env_cfg, dict) else lambda k: getattr(env_cfg, k)
+    return {k: get(k) for k in RENDERING_KEYS}
+
 
 def sft_records(env: DondEnv, scenarios: Iterable[DondScenario], bots: list[str], seed: int) -> list[Record]:
     """One scripted dialogue per scenario, two records (one per role) each: ``{"messages": [...]}``.
