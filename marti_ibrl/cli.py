@@ -1,5 +1,5 @@
 """``marti-ibrl``: train | plan | eval | diagnose | report | dond sample / check-data | patch | demo | telesales profiles | sft |
-model list / get.
+model list / get | play | annotate.
 
 ``main(argv)`` parses; ``train`` hands a validated :class:`~marti_ibrl.config.Config` to
 :func:`marti_ibrl.trainer.train`. The environments' own subcommands (``dond``, ``telesales``, ``sft``) are added by
@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     from marti_ibrl.models import add_model_parser
 
     add_model_parser(sub)
+
+    from marti_ibrl.people.command import add_people_parsers
+
+    add_people_parsers(sub)
     return parser
 
 
