@@ -229,8 +229,12 @@ def test_telesales_consent_and_hang_up(tmp_path) -> None:
     game = TeleSalesGame(HumanCallEnv(), ScriptedSales(), "scripted", generate_profiles(2, 3, "eval"))
     person = Player(TestClient(create_app(store, game=game)))
     g = person.start()
-    assert g["transcript"][0]["who"] == "them" and g["your_turn"] and "customer" in json.dumps(g["card"])
-    assert "runtime_state" not in g["card"]
+    assert g["transcript"][0]["who"] == "them" and g["your_turn"]
+    titles = [s["title"] for s in g["card"]]
+    assert titles == ["identity", "purchase", "contact", "concerns", "speech", "what the agent's lead says about you"]
+    profile = store.game(g["game_id"])["scenario"]
+    assert ["name", profile["user_profile"]["identity"]["name"]] in g["card"][0]["fields"]
+    assert "willingness" not in json.dumps(g["card"])  # the simulator's state is not the person's business
     assert person.act(g["game_id"], "say", "  ").json()["error"].startswith("empty message")
     g = person.act(g["game_id"], "say", "Which car?").json()["game"]
     g = person.act(g["game_id"], "consent").json()["game"]

@@ -265,13 +265,29 @@ def person_turn(scores: dict[str, float], labels: tuple[str, str], reply: str) -
     return simulator_turn_json(SimulatorTurn((), **scores, intent=intent, action=action, reply=reply))
 
 
-def character_card(profile: dict[str, Any]) -> dict[str, Any]:
-    """What the person plays from: the customer's side of an evaluation profile (no simulator state)."""
+def _text(value: Any) -> str:
+    if isinstance(value, dict):
+        return "; ".join(f"{k.replace('_', ' ')}: {_text(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(_text(v) for v in value)
+    return "–" if value is None else str(value)
+
+
+def character_card(profile: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the person plays from: the customer's side of an evaluation profile (no simulator state), as sections
+    ``{"title", "fields": [[name, text], ...]}``: who they are, their purchase, contact, concerns and speech, and
+    what the agent's lead says about them."""
     from marti_ibrl.envs.telesales.profiles import customer_view
 
-    card = customer_view(profile)
-    card.pop("runtime_state", None)
-    return card
+    view = customer_view(profile)
+    view.pop("runtime_state", None)
+    sections = []
+    for group, body in view.items():
+        for name, fields in body.items() if isinstance(body, dict) else [(group, body)]:
+            title = "what the agent's lead says about you" if group == "agent_info" else name.replace("_", " ")
+            rows = fields.items() if isinstance(fields, dict) else [(name, fields)]
+            sections.append({"title": title, "fields": [[k.replace("_", " "), _text(v)] for k, v in rows]})
+    return sections
 
 
 class TeleSalesGame(Game):

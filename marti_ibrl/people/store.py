@@ -231,7 +231,7 @@ class Store:
         """Store ``annotator``'s label of a call. The same label again is a no-op (``duplicate``); a different one
         is :class:`Rejected` (labels are final, so a double submit can never change one)."""
         if label not in LABELS:
-            raise Rejected(f"choose one of {', '.join(LABELS)} (got {label!r})")
+            raise Rejected(f"choose one of {', '.join(LABELS)}" + (f" (got {label!r})" if label else ""))
         if not self._rows("SELECT 1 FROM calls WHERE id = ?", (call_id,)):
             raise Rejected(f"no call {call_id!r}")
         with self._tx() as db:
