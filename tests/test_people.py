@@ -59,6 +59,30 @@ def dond(tmp_path):
     return store, game, TestClient(create_app(store, game=game))
 
 
+IMPORT_WITHOUT_WEB = r"""
+import importlib, pkgutil, sys
+for m in ("fastapi", "uvicorn", "playwright", "starlette"):
+    sys.modules[m] = None  # as if the people extra were not installed
+import marti_ibrl.people
+for m in pkgutil.walk_packages(marti_ibrl.people.__path__, "marti_ibrl.people."):
+    importlib.import_module(m.name)
+from marti_ibrl.cli import main
+sys.exit(main(["play", "--policy", "bot:greedy", "--env", "dond", "--db", sys.argv[1]]))
+"""
+
+
+def test_imports_without_the_people_extra(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    db = tmp_path / "p.sqlite"
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_WITHOUT_WEB, str(db)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "fastapi and uvicorn not installed: pip install -e '.[people]'" in out.stderr and not db.exists()
+
+
 def test_bind_needs_a_token_off_loopback(monkeypatch) -> None:
     check_bind("127.0.0.1", None)
     check_bind("0.0.0.0", "secret")
@@ -245,6 +269,21 @@ def test_telesales_consent_and_hang_up(tmp_path) -> None:
     h = person.start()
     h = person.act(h["game_id"], "hang_up").json()["game"]
     assert h["result"] == {"success": False, "reason": "hang_up", "outcome": "hang_up"}
+    # eval --human-db: the calls as `telesales eval` episodes and its Table 1; then annotatable like any episodes
+    assert main(["eval", "--human-db", str(store.path), "--out", str(tmp_path / "e")]) == 0
+    results = (tmp_path / "e" / "telesales" / "results.md").read_text()
+    # Success@1 = 1/2, Wilson: (.5 ± 1.96 * sqrt(.125 + .2401)) / (1 + 1.9208) -> [0.095, 0.905]; a person's turns carry
+    # no rubric code, so the deltas are 0
+    assert "| scripted | 2 × 1 | 0.500 [0.095, 0.905] | +0.000 | +0.000 |" in results
+    episodes = tmp_path / "e" / "telesales" / "episodes" / "scripted__human.jsonl"
+    recs = [json.loads(x) for x in episodes.read_text().splitlines()]
+    assert [(r["success"], r["reason"], r["simulator"], r["participant"]) for r in recs] == [
+        (True, "success", "human", person.pid),
+        (False, "hang_up", "human", person.pid),
+    ]
+    labels = Store(tmp_path / "labels.sqlite")
+    assert load_calls(labels, [episodes]) == (2, 0)
+    assert sorted(c["simulator_label"] for c in labels.calls()) == ["no", "yes"]
 
 
 def test_blind_annotation_order_and_labels(tmp_path) -> None:

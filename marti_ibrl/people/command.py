@@ -67,6 +67,16 @@ def _fail(command: str, message: str) -> int:
     return 2
 
 
+def _missing_web() -> str | None:
+    """Why the web app cannot run here (the ``people`` extra is not installed), or None."""
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed: pip install -e '.[people]' (or `make install`)"
+    return None
+
+
 def build_game(args: argparse.Namespace):
     """The :class:`~.games.Game` of ``play``'s arguments (the policy's seat loaded)."""
     from marti_ibrl.eval.evaluator import parse_named
@@ -101,6 +111,8 @@ def cmd_play(args: argparse.Namespace) -> int:
     from marti_ibrl.people.store import Store
 
     token = resolve_token(args.token)
+    if why := _missing_web():
+        return _fail("play", why)
     try:
         check_bind(args.host, token)
         game = build_game(args)
@@ -132,6 +144,8 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     if not args.blind:
         return _fail("annotate", "only blind annotation is supported: pass --blind (methods and labels are hidden)")
     token = resolve_token(args.token)
+    if why := _missing_web():
+        return _fail("annotate", why)
     try:
         check_bind(args.host, token)
         store = Store(args.db)
