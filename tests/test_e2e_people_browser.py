@@ -23,7 +23,7 @@ from people_calls import write_calls
 from marti_ibrl.cli import main
 from marti_ibrl.envs.dond.game import utility
 from marti_ibrl.eval.dond_metrics import first_best
-from marti_ibrl.people.annotate import Annotation, load_calls
+from marti_ibrl.people.annotate import load_calls
 from marti_ibrl.people.app import create_app
 from marti_ibrl.people.store import Store
 
@@ -86,12 +86,49 @@ def serve(store, **kw):
     return Server(create_app(store, **kw))
 
 
+class Command:
+    """``marti-ibrl ARGS --port P`` in a subprocess (the command line end to end), until its page answers."""
+
+    def __init__(self, *args: str):
+        import subprocess
+        import sys
+        import urllib.request
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        exe = Path(sys.executable).with_name("marti-ibrl")
+        self.proc = subprocess.Popen([str(exe), *args, "--port", str(port)], stderr=subprocess.PIPE, text=True)
+        self.url = f"http://127.0.0.1:{port}/"
+        deadline = time.time() + 120
+        while True:
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            try:
+                urllib.request.urlopen(self.url, timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline, "the server did not start"
+                time.sleep(0.2)
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        self.proc.wait(30)
+        return self.proc.stderr.read()
+
+
 def wait_text(page, selector: str, text: str, timeout: float = 20_000):
     page.wait_for_function(
         "([s, t]) => document.querySelector(s) && document.querySelector(s).textContent.includes(t)",
         arg=[selector, text],
         timeout=timeout,
     )
+
+
+def load_calls_then(store, files) -> list[dict]:
+    """The calls ``annotate`` will register: the ones there, and the files' (registered here in a scratch copy)."""
+    scratch = Store(store.path.with_name("scratch.sqlite"))
+    load_calls(scratch, files)
+    return scratch.calls()
 
 
 def transcript(page) -> list[str]:
@@ -168,10 +205,9 @@ def test_dond_deal_walk_away_and_bad_input(browser, tmp_path, shots, capsys) -> 
 
 
 def test_unknown_token_is_refused_on_the_page(browser, tmp_path, shots) -> None:
-    from marti_ibrl.people.command import build_game
-
-    store = Store(tmp_path / "people.sqlite")
-    server = serve(store, game=build_game(play_args()), token="s3cret")
+    """``marti-ibrl play`` itself, off 127.0.0.1's default with a token: a wrong one is refused on the page."""
+    db = tmp_path / "people.sqlite"
+    server = Command("play", "--policy", "bot:greedy", "--env", "dond", "--db", str(db), "--token", "s3cret")
     try:
         page = browser.new_page()
         page.goto(server.url + "?token=guess")
@@ -179,13 +215,15 @@ def test_unknown_token_is_refused_on_the_page(browser, tmp_path, shots) -> None:
         page.click("#start")
         wait_text(page, "#error", "unknown token")
         shots(page, "people-unknown-token")
+        store = Store(db)
         assert store.counts()["participants"] == 0 and store.counts()["games"] == 0
         page.goto(server.url + "?token=s3cret")
         page.click("#start")
-        page.wait_for_selector("#items tbody tr")
-        assert store.counts()["games"] == 1
+        wait_text(page, "#gameinfo", "Game 1 (active)")
+        assert store.counts()["games"] == 1 and store.games()[0]["policy"] == "greedy"
     finally:
-        server.stop()
+        err = server.stop()
+    assert "playing greedy (dond) at http://127.0.0.1:" in err and "?token=s3cret" in err
 
 
 def test_telesales_call_to_consent(browser, tmp_path, shots) -> None:
@@ -224,15 +262,15 @@ def test_telesales_call_to_consent(browser, tmp_path, shots) -> None:
 def test_two_annotators_label_five_calls(browser, tmp_path, shots, capsys) -> None:
     files, truth = write_calls(tmp_path / "episodes")
     store = Store(tmp_path / "labels.sqlite")
-    assert load_calls(store, files) == (5, 0)
-    profile = {c["id"]: c["profile_id"] for c in store.calls()}
+    assert load_calls(store, files[:1]) == (3, 0)  # `annotate` adds the other file's two and keeps these three
+    profile = {c["id"]: c["profile_id"] for c in load_calls_then(store, files)}
     by_profile = sorted(truth)
     # A labels as the simulator recorded; B says "no" to the second success and "unclear" to the last failure
     plan = {
         "A": {p: "yes" if truth[p] else "no" for p in by_profile},
         "B": dict(zip(by_profile, ["yes", "no", "no", "no", "unclear"], strict=True)),
     }
-    server = serve(store, annotation=Annotation(store))
+    server = Command("annotate", *map(str, files), "--blind", "--db", str(store.path))  # the command line itself
     seen = {}
     try:
         for name in ("A", "B"):
@@ -265,7 +303,8 @@ def test_two_annotators_label_five_calls(browser, tmp_path, shots, capsys) -> No
             if name == "B":
                 shots(page, "people-annotate-done")
     finally:
-        server.stop()
+        err = server.stop()
+    assert "2 calls added (3 already there, 5 in all)" in err
     assert sorted(seen["A"]) == sorted(seen["B"]) == sorted(profile) and seen["A"] != seen["B"]
     labels = store.labels()
     assert len(labels) == 10 and all(r["note"] for r in labels)

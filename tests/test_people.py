@@ -337,3 +337,44 @@ def test_kappa_against_hand_computed_values(tmp_path) -> None:
         2 / 7
     )
     assert rows[("A", "B")]["table"] == [[1, 1, 0], [0, 2, 1], [0, 0, 0]]
+
+
+def test_endpoint_seat_uses_the_openai_client(tmp_path) -> None:
+    """``--policy endpoint:MODEL@URL``: the evaluation's EndpointPlayer (its chat messages, its client) in the seat."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = json.dumps(
+                {"choices": [{"message": {"content": " I'd like the books. <try> item0=1 item1=0 item2=0 <try>"}}]}
+            )
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        game = build_game(play_args(policy=f"endpoint:negotiator@{url}", max_new_tokens=20, temperature=0.5))
+        store = Store(tmp_path / "p.sqlite")
+        person = Player(TestClient(create_app(store, game=game)))
+        g = person.start()  # the person opens
+        g = person.act(g["game_id"], "message", "Hello! <try> item0=0 item1=1 item2=1 <try>").json()["game"]
+    finally:
+        server.shutdown()
+    assert store.game(g["game_id"])["policy"] == "negotiator"
+    assert g["transcript"][-1] == {"who": "them", "text": "I'd like the books. <try> item0=1 item1=0 item2=0 <try>"}
+    (request,) = seen
+    assert request["model"] == "negotiator" and request["temperature"] == 0.5 and request["max_tokens"] == 20
+    messages = request["messages"]
+    assert [m["role"] for m in messages] == ["system", "user"] and messages[1]["content"].startswith("Hello!")
+    assert "item0" in messages[0]["content"]  # the Table 17 role prompt of the policy's role
