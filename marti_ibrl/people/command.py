@@ -98,6 +98,10 @@ def build_game(args: argparse.Namespace):
         return DondGame(env, make_seat(args.policy, sampling, args.seed), name, scenarios)
     from marti_ibrl.envs.telesales.profiles import generate_profiles, read_jsonl
 
+    if args.policy.split(":")[0] in ("bot", "heldout"):
+        raise ValueError(f"--policy {args.policy}: scripted bots play Deal-or-No-Deal only; for TeleSales give a "
+                         "checkpoint or an endpoint")  # fmt: skip
+
     if args.data:
         profiles = read_jsonl(args.data, "eval")[: args.num_scenarios]
     else:
