@@ -116,7 +116,7 @@ class Command:
         return self.proc.stderr.read()
 
 
-def wait_text(page, selector: str, text: str, timeout: float = 20_000):
+def wait_text(page, selector: str, text: str, timeout: float = 60_000):
     page.wait_for_function(
         "([s, t]) => document.querySelector(s) && document.querySelector(s).textContent.includes(t)",
         arg=[selector, text],
