@@ -327,6 +327,8 @@ def test_kappa_against_hand_computed_values(tmp_path) -> None:
     same = agreement(sim, sim)
     assert same["kappa"] == pytest.approx(1.0) and same["percent"] == 100.0
     assert agreement([], [])["kappa"] is None
+    constant = agreement(["yes"] * 3, ["yes"] * 3)  # p_e = 1: kappa is 0/0
+    assert constant["percent"] == 100.0 and constant["kappa"] is None and constant["ci_low"] is None
     # through the store: two annotators on five calls
     files, truth = write_calls(tmp_path / "episodes")
     store = Store(tmp_path / "labels.sqlite")

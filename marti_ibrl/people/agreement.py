@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,7 +44,9 @@ def agreement(first: Sequence[str], second: Sequence[str]) -> dict[str, Any]:
     if n == 0:
         return out
     out["percent"] = 100.0 * sum(table[i][i] for i in range(len(LABELS))) / n
-    res = cohens_kappa(np.asarray(table, dtype=float), return_results=True)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):  # one label throughout: κ is 0/0, reported as None
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = cohens_kappa(np.asarray(table, dtype=float), return_results=True)
     if math.isfinite(res.kappa):
         out |= {"kappa": float(res.kappa), "se": float(res.std_kappa)}
         out |= {"ci_low": float(res.kappa_low), "ci_high": float(res.kappa_upp)}
