@@ -30,7 +30,7 @@ UV_INSTALL := $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-byteco
 INSTALL_LOG := $(VENV)/install.log
 STEP := bash scripts/install-step.sh $(INSTALL_LOG)
 
-.PHONY: install test test-fast lint test-openrlhf demo slurm slurm-if-root clean
+.PHONY: install test test-fast lint test-openrlhf demo slurm slurm-if-root chromium chromium-if-root clean
 
 install: $(STAMP)
 
@@ -81,7 +81,7 @@ test-openrlhf: install
 # together, one Slurm per session).
 TEST_WORKERS ?= 2
 test: install
-	$(MAKE) --no-print-directory -j3 lint test-openrlhf slurm-if-root
+	$(MAKE) --no-print-directory -j3 lint test-openrlhf slurm-if-root chromium-if-root
 	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
 # The unit tier alone (docs/testing.md#tiers): every test but the e2e ones, which start Ray, a vLLM engine, the local
@@ -108,6 +108,17 @@ slurm:
 slurm-if-root:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then $(MAKE) --no-print-directory slurm; \
 	else echo "not root or no apt-get: Slurm is not installed, the tests that sbatch a recipe skip"; fi
+
+# Debian's chromium for the browser tests of `marti-ibrl play` / `annotate` (tests/test_e2e_people_browser.py drives it
+# with Playwright, the `playwright` package of [dev], through executable_path: no browser download): as root.
+chromium:
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation; }
+
+# As slurm-if-root, and after it (two apt-get at once would fight over dpkg's lock); elsewhere the browser tests skip.
+chromium-if-root: slurm-if-root
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then $(MAKE) --no-print-directory chromium; \
+	else echo "not root or no apt-get: chromium is not installed, the browser tests skip"; fi
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache

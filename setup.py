@@ -8,6 +8,8 @@ On GPUs add the `gpu` extra (the versions openrlhf 0.11.2 pins).
 
 from setuptools import find_packages, setup
 
+PEOPLE = ["fastapi==0.163.2", "uvicorn==0.54.0"]
+
 setup(
     name="marti-ibrl",
     version="0.1.0",
@@ -15,7 +17,10 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["marti_ibrl", "marti_ibrl.*"]),
     include_package_data=True,
-    package_data={"marti_ibrl.envs.telesales.prompts": ["*/*.txt"]},  # TeleSales prompt templates
+    package_data={
+        "marti_ibrl.envs.telesales.prompts": ["*/*.txt"],  # TeleSales prompt templates
+        "marti_ibrl.people": ["static/*.html"],  # the pages of `marti-ibrl play` / `annotate`
+    },
     install_requires=[
         "torch>=2.4",  # the Makefile installs torch==2.13.0 (CPU wheel) first
         "deepspeed==0.19.6",
@@ -36,9 +41,20 @@ setup(
     ],
     extras_require={
         "gpu": ["vllm==0.29.0", "flash-attn==2.8.3"],
+        # `marti-ibrl play` / `annotate` (marti_ibrl.people): the web app
+        "people": PEOPLE,
         # pytest-xdist: `make test` runs two workers (TEST_WORKERS). pytest 9.2 breaks xdist's --dist loadgroup (the groups
         # are silently dropped: pytest-dev/pytest-xdist#1386), so below 9.2 until xdist's fix is released
-        "dev": ["pytest>=8,<9.2", "pytest-timeout", "pytest-xdist==3.8.0", "ruff==0.17.*"],
+        # playwright: the browser tests of marti_ibrl.people drive Debian's chromium (`make chromium`), no browser
+        # download
+        "dev": [
+            "pytest>=8,<9.2",
+            "pytest-timeout",
+            "pytest-xdist==3.8.0",
+            "ruff==0.17.*",
+            *PEOPLE,
+            "playwright==1.65.2",
+        ],
     },
     entry_points={"console_scripts": ["marti-ibrl=marti_ibrl.cli:main"]},
 )

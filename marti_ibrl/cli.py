@@ -1,5 +1,5 @@
 """``marti-ibrl``: train | plan | eval | diagnose | report | dond sample / check-data | patch | demo | telesales profiles | sft |
-model list / get.
+model list / get | play | annotate.
 
 ``main(argv)`` parses; ``train`` hands a validated :class:`~marti_ibrl.config.Config` to
 :func:`marti_ibrl.trainer.train`. The environments' own subcommands (``dond``, ``telesales``, ``sft``) are added by
@@ -171,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     merged.add_argument("--base", default=None, help="base checkpoint (default: the adapter's base_model_name_or_path)")
     merged.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
     merged.set_defaults(func=_cmd_export_merged)
+
+    from marti_ibrl.people.command import add_people_parsers
+
+    add_people_parsers(sub)
     return parser
 
 

@@ -7,6 +7,11 @@
 
 Writes ``OUT/episodes/*.jsonl`` (resumable), ``OUT/summary.json`` and ``OUT/tables.md``; ``marti-ibrl
 report`` turns them into ``report.md`` with statistics and figures.
+
+    marti-ibrl eval --human-db people.sqlite --out runs/human-eval
+
+turns the games people played in the browser (``marti-ibrl play``) into the same files, plus ``statistics.md``
+(:mod:`marti_ibrl.people.human_eval`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,15 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--policy", action="append", required=True, metavar="NAME=PATH", help="HF checkpoint to evaluate")
+    p.add_argument("--policy", action="append", default=[], metavar="NAME=PATH", help="HF checkpoint to evaluate")
+    p.add_argument(
+        "--human-db",
+        default=None,
+        metavar="FILE",
+        help="instead of playing: the DoND games people played (`marti-ibrl play --db FILE`) as this evaluation's "
+        "tables, with GEE statistics clustered by participant and by scenario",
+    )
+    p.add_argument("--reference", default=None, help="--human-db: the reference policy of the GEE (default: first)")
     p.add_argument(
         "--counterpart",
         action="append",
@@ -156,6 +169,24 @@ def episodes_file(policy, counterpart) -> str:
 
 
 def cmd_eval(args) -> int:
+    if args.human_db:
+        from marti_ibrl.people.human_eval import write_human_eval
+
+        if args.policy or args.counterpart or args.in_system or args.self_play or args.cross_play:
+            print(
+                "marti-ibrl eval: error: --human-db reads played games: give no policies or counterparts",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            print(write_human_eval(args.human_db, args.out, args.reference), end="")
+        except (FileNotFoundError, ValueError) as e:
+            print(f"marti-ibrl eval: error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if not args.policy:
+        print("marti-ibrl eval: error: give --policy NAME=PATH (or --human-db FILE)", file=sys.stderr)
+        return 2
     try:
         policies, pairs = plan(args)
     except ValueError as e:

@@ -111,9 +111,10 @@ def write_tables(eval_dir: str | Path) -> str:
     return text
 
 
-def gee_markdown(pairs: list[dict], reference: str | None) -> str:
-    """Logistic GEE on agreement (clustered by scenario) of every policy vs ``reference``, per held-out
-    counterpart, Holm-corrected within each counterpart (paper §5.2)."""
+def gee_markdown(pairs: list[dict], reference: str | None, cluster: str = "scenario_uid") -> str:
+    """Logistic GEE on agreement (clustered by ``cluster``, an episode field: the scenario, or the participant of
+    human games) of every policy vs ``reference``, per held-out counterpart, Holm-corrected within each counterpart
+    (paper §5.2)."""
     import pandas as pd
 
     from marti_ibrl.eval.stats import compare, format_table
@@ -127,16 +128,14 @@ def gee_markdown(pairs: list[dict], reference: str | None) -> str:
         {
             "method": p["policy"],
             "counterpart": p["counterpart"],
-            "scenario_uid": e["scenario_uid"],
+            cluster: e[cluster],
             "agreed": e["agreed"],
         }
         for p in held
         for e in p["episodes"]
     ]
     try:
-        table = compare(
-            pd.DataFrame(rows), reference, family_col="counterpart", outcome="agreed", cluster="scenario_uid"
-        )
+        table = compare(pd.DataFrame(rows), reference, family_col="counterpart", outcome="agreed", cluster=cluster)
     except ValueError as e:
         return f"_GEE not estimable: {e}_\n"
     return (

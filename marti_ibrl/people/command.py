@@ -1,0 +1,165 @@
+"""``marti-ibrl play`` and ``marti-ibrl annotate`` (docs/people.md).
+
+    marti-ibrl play --policy runs/ibrl/agent1/hf --env dond --db people.sqlite
+    marti-ibrl play --policy endpoint:sales@http://10.0.0.5:8000/v1 --env telesales --db people.sqlite \\
+        --host 0.0.0.0 --token SECRET
+    marti-ibrl annotate runs/ts-eval/episodes/*.jsonl --blind --db labels.sqlite
+    marti-ibrl annotate --report --db labels.sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def _bind_arguments(p: argparse.ArgumentParser) -> None:
+    from marti_ibrl.people.app import TOKEN_ENV
+
+    p.add_argument("--db", required=True, help="the SQLite file (created if new)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--token", default=None, help=f"required off 127.0.0.1 (or set {TOKEN_ENV}); link: /?token=...")
+
+
+def add_people_parsers(subparsers: Any) -> None:
+    play = subparsers.add_parser(
+        "play",
+        help="a person plays against a policy in the browser (DoND, or TeleSales as the customer)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    play.add_argument(
+        "--policy", required=True, help="PATH | checkpoint:PATH | endpoint:MODEL@URL[#KEY_ENV] | bot:NAME"
+    )
+    play.add_argument("--env", required=True, choices=["dond", "telesales"])
+    _bind_arguments(play)
+    play.add_argument("--name", default=None, help="the policy's name in the tables (default: from --policy)")
+    play.add_argument("-n", "--num-scenarios", type=int, default=100, help="scenarios / evaluation profiles to cycle")
+    play.add_argument("--scenario-seed", type=int, default=20260, help="DoND scenario / TeleSales profile seed")
+    play.add_argument("--data", default=None, help="DoND: Lewis-format file; TeleSales: evaluation profiles JSONL")
+    play.add_argument("--prompt-style", default="paper", choices=["paper", "compact"], help="DoND role prompt")
+    play.add_argument("--show-complement", action="store_true", help="DoND: as training with --env.show_complement")
+    play.add_argument("--max-rounds", type=int, default=10, help="DoND rounds")
+    play.add_argument("--lang", default="en", choices=["en", "zh"], help="TeleSales prompts")
+    play.add_argument("--temperature", type=float, default=1.0)
+    play.add_argument("--top-p", type=float, default=1.0)
+    play.add_argument("--max-new-tokens", type=int, default=64)
+    play.add_argument("--seed", type=int, default=0)
+    play.set_defaults(func=cmd_play)
+
+    ann = subparsers.add_parser(
+        "annotate",
+        help="blind-label recorded TeleSales calls in the browser; --report: agreement and Cohen's kappa",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ann.add_argument("episodes", nargs="*", help="`telesales eval` episode files (OUT/episodes/*.jsonl)")
+    ann.add_argument("--blind", action="store_true", help="hide methods and simulator labels (the only mode)")
+    ann.add_argument("--report", action="store_true", help="print the agreement report and exit")
+    _bind_arguments(ann)
+    ann.set_defaults(func=cmd_annotate)
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"marti-ibrl {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _missing_web() -> str | None:
+    """Why the web app cannot run here (the ``people`` extra is not installed), or None."""
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed: pip install -e '.[people]' (or `make install`)"
+    return None
+
+
+def build_game(args: argparse.Namespace):
+    """The :class:`~.games.Game` of ``play``'s arguments (the policy's seat loaded)."""
+    from marti_ibrl.eval.evaluator import parse_named
+    from marti_ibrl.people.games import DondGame, HumanCallEnv, TeleSalesGame
+    from marti_ibrl.people.seat import make_seat
+
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
+    name = args.name or parse_named(args.policy).name
+    if args.num_scenarios < 1:
+        raise ValueError("-n must be >= 1")
+    if args.env == "dond":
+        from marti_ibrl.envs.dond import DondEnv, generate_scenarios, load_lewis_file
+
+        env = DondEnv(max_rounds=args.max_rounds, prompt_style=args.prompt_style, show_complement=args.show_complement)
+        if args.data:
+            scenarios = load_lewis_file(args.data)[: args.num_scenarios]
+        else:
+            scenarios = generate_scenarios(args.num_scenarios, args.scenario_seed)
+        return DondGame(env, make_seat(args.policy, sampling, args.seed), name, scenarios)
+    from marti_ibrl.envs.telesales.profiles import generate_profiles, read_jsonl
+
+    if args.policy.split(":")[0] in ("bot", "heldout"):
+        raise ValueError(f"--policy {args.policy}: scripted bots play Deal-or-No-Deal only; for TeleSales give a "
+                         "checkpoint or an endpoint")  # fmt: skip
+
+    if args.data:
+        profiles = read_jsonl(args.data, "eval")[: args.num_scenarios]
+    else:
+        profiles = generate_profiles(args.num_scenarios, args.scenario_seed, "eval")
+    env = HumanCallEnv(sales_mode="checkpoint", lang=args.lang)
+    return TeleSalesGame(env, make_seat(args.policy, sampling, args.seed), name, profiles)
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    from marti_ibrl.people.app import check_bind, create_app, resolve_token, serve
+    from marti_ibrl.people.store import Store
+
+    token = resolve_token(args.token)
+    if why := _missing_web():
+        return _fail("play", why)
+    try:
+        check_bind(args.host, token)
+        game = build_game(args)
+    except ValueError as e:
+        return _fail("play", str(e))
+    store = Store(args.db)
+    left = store.abandon_active()
+    if left:
+        print(f"{left} unfinished game(s) of an earlier session marked abandoned", file=sys.stderr)
+    link = f"http://{args.host}:{args.port}/" + (f"?token={token}" if token else "")
+    print(f"playing {game.policy} ({args.env}) at {link}; games stored in {args.db}", file=sys.stderr)
+    serve(create_app(store, game=game, token=token), args.host, args.port)
+    return 0
+
+
+def cmd_annotate(args: argparse.Namespace) -> int:
+    from marti_ibrl.people.store import Store
+
+    if args.report:
+        from marti_ibrl.people.agreement import report, report_markdown
+
+        if args.episodes:
+            return _fail("annotate", "--report reads the database only: give no episode files")
+        print(report_markdown(report(Store(args.db))), end="")
+        return 0
+    from marti_ibrl.people.annotate import Annotation, load_calls
+    from marti_ibrl.people.app import check_bind, create_app, resolve_token, serve
+
+    if not args.blind:
+        return _fail("annotate", "only blind annotation is supported: pass --blind (methods and labels are hidden)")
+    token = resolve_token(args.token)
+    if why := _missing_web():
+        return _fail("annotate", why)
+    try:
+        check_bind(args.host, token)
+        store = Store(args.db)
+        added, known = load_calls(store, args.episodes)
+    except ValueError as e:
+        return _fail("annotate", str(e))
+    total = len(store.calls())
+    if not total:
+        return _fail("annotate", "no calls to annotate: give `telesales eval` episode files")
+    link = f"http://{args.host}:{args.port}/" + (f"?token={token}" if token else "")
+    print(f"{added} calls added ({known} already there, {total} in all); annotate at {link}", file=sys.stderr)
+    serve(create_app(store, annotation=Annotation(store), token=token), args.host, args.port)
+    return 0

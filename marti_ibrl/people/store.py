@@ -1,0 +1,255 @@
+"""The SQLite file of ``marti-ibrl play`` and ``marti-ibrl annotate``: what people did, committed as it happens.
+
+Tables (every time is Unix seconds, UTC):
+
+* ``participants(id, created)``: an anonymous id (random hex) per browser; nothing else about the person;
+* ``games(id, participant, env, policy, scenario_uid, scenario, human_role, policy_role, seats, status, outcome,
+  created, ended)``: one game of a person against a policy. ``status`` is ``active`` while it is played, ``finished``
+  when the environment ended it (``outcome``: the env's outcome as JSON) and ``abandoned`` when it was left half way
+  (the person started another game, or the server restarted). Only finished games are ever counted;
+* ``turns(game_id, idx, role, text, valid, resamples, created)``: the transcript, each turn committed as it is
+  played;
+* ``actions(id, game_id, response, created)``: every action a page submitted, by the id the page gave it: a second
+  submit of the same id (a double click, a resent request) gets the first answer back and changes nothing;
+* ``calls(id, source, episode_id, policy, profile_id, simulator_label, record)``: recorded TeleSales calls to
+  annotate (``record``: the ``telesales eval`` episode line; ``id``: an opaque hash, what annotators see);
+* ``labels(annotator, call_id, label, note, created)``: one label per annotator and call.
+
+A :class:`Store` is safe to share between the server's threads: one connection, one lock, one transaction per call.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+LABELS = ("yes", "no", "unclear")
+"""An annotator's answer to "consented to add WeChat?"."""
+ACTIVE, FINISHED, ABANDONED = "active", "finished", "abandoned"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS participants (id TEXT PRIMARY KEY, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS games (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, participant TEXT NOT NULL REFERENCES participants(id),
+    env TEXT NOT NULL, policy TEXT NOT NULL, scenario_uid TEXT NOT NULL, scenario TEXT NOT NULL,
+    human_role TEXT NOT NULL, policy_role TEXT NOT NULL, seats TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('active', 'finished', 'abandoned')), outcome TEXT,
+    created REAL NOT NULL, ended REAL);
+CREATE TABLE IF NOT EXISTS turns (
+    game_id INTEGER NOT NULL REFERENCES games(id), idx INTEGER NOT NULL, role TEXT NOT NULL, text TEXT NOT NULL,
+    valid INTEGER NOT NULL, resamples INTEGER NOT NULL, created REAL NOT NULL, PRIMARY KEY (game_id, idx));
+CREATE TABLE IF NOT EXISTS actions (
+    id TEXT PRIMARY KEY, game_id INTEGER, response TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS calls (
+    id TEXT PRIMARY KEY, source TEXT NOT NULL, episode_id TEXT NOT NULL, policy TEXT NOT NULL,
+    profile_id TEXT NOT NULL, simulator_label TEXT NOT NULL, record TEXT NOT NULL, UNIQUE (source, episode_id));
+CREATE TABLE IF NOT EXISTS labels (
+    annotator TEXT NOT NULL, call_id TEXT NOT NULL REFERENCES calls(id),
+    label TEXT NOT NULL CHECK (label IN ('yes', 'no', 'unclear')), note TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (annotator, call_id));
+"""
+
+
+class Rejected(ValueError):
+    """An action refused with one clear reason (shown on the page); nothing was stored."""
+
+
+class Store:
+    """The SQLite file at ``path`` (created with its tables if new)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self):
+        """One transaction under the lock: everything in it is stored, or (on any exception) nothing."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _rows(self, sql: str, args: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(r) for r in self._db.execute(sql, tuple(args)).fetchall()]
+
+    # -- participants ----------------------------------------------------------------------------------------
+
+    def new_participant(self) -> str:
+        pid = secrets.token_hex(8)
+        with self._tx() as db:
+            db.execute("INSERT INTO participants VALUES (?, ?)", (pid, time.time()))
+        return pid
+
+    def has_participant(self, pid: str) -> bool:
+        return bool(self._rows("SELECT 1 FROM participants WHERE id = ?", (pid,)))
+
+    # -- games -----------------------------------------------------------------------------------------------
+
+    def count_games(self, env: str) -> int:
+        """Games of ``env`` ever started (any status): the index the next one draws its scenario and seats by."""
+        return self._rows("SELECT COUNT(*) AS n FROM games WHERE env = ?", (env,))[0]["n"]
+
+    def abandon_active(self, participant: str | None = None) -> int:
+        """Mark the active games (of ``participant``, or all) abandoned; how many."""
+        where, args = ("AND participant = ?", (participant,)) if participant else ("", ())
+        with self._tx() as db:
+            cur = db.execute(f"UPDATE games SET status = 'abandoned', ended = ? WHERE status = 'active' {where}",
+                             (time.time(), *args))  # fmt: skip
+            return cur.rowcount
+
+    def create_game(
+        self,
+        participant: str,
+        env: str,
+        policy: str,
+        scenario_uid: str,
+        scenario: Any,
+        human_role: str,
+        policy_role: str,
+        seats: list[str],
+        turns: list[dict[str, Any]],
+        status: str = ACTIVE,
+        outcome: dict | None = None,
+    ) -> int:
+        """A new game with its first turns (the policy's, when it opens); the participant's unfinished games are
+        abandoned in the same transaction."""
+        if not self.has_participant(participant):
+            raise Rejected(f"unknown participant {participant!r}: reload the page")
+        now = time.time()
+        with self._tx() as db:
+            db.execute("UPDATE games SET status = 'abandoned', ended = ? WHERE status = 'active' AND participant = ?",
+                       (now, participant))  # fmt: skip
+            cur = db.execute(
+                "INSERT INTO games (participant, env, policy, scenario_uid, scenario, human_role, policy_role, seats,"
+                " status, outcome, created, ended) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (participant, env, policy, scenario_uid, json.dumps(scenario), human_role, policy_role,
+                 json.dumps(seats), status, json.dumps(outcome) if outcome else None, now,
+                 now if status != ACTIVE else None),
+            )  # fmt: skip
+            game_id = int(cur.lastrowid)
+            self._insert_turns(db, game_id, 0, turns, now)
+        return game_id
+
+    @staticmethod
+    def _insert_turns(db: sqlite3.Connection, game_id: int, start: int, turns: list[dict], now: float) -> None:
+        for i, t in enumerate(turns, start):
+            db.execute("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (game_id, i, t["role"], t["text"], int(t.get("valid", True)), int(t.get("resamples", 0)), now))  # fmt: skip
+
+    def game(self, game_id: int) -> dict[str, Any]:
+        """A game with its ``turns`` (JSON columns decoded); :class:`Rejected` if there is none."""
+        rows = self._rows("SELECT * FROM games WHERE id = ?", (game_id,))
+        if not rows:
+            raise Rejected(f"no game {game_id}")
+        game = rows[0]
+        for key in ("scenario", "seats", "outcome"):
+            game[key] = json.loads(game[key]) if game[key] is not None else None
+        game["turns"] = [
+            {"role": t["role"], "text": t["text"], "valid": bool(t["valid"]), "resamples": t["resamples"],
+             "created": t["created"]}
+            for t in self._rows("SELECT * FROM turns WHERE game_id = ? ORDER BY idx", (game_id,))
+        ]  # fmt: skip
+        return game
+
+    def games(self, env: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        """Every game (of ``env``, with ``status``), oldest first, with its turns."""
+        sql, args = "SELECT id FROM games WHERE 1 = 1", []
+        if env:
+            sql, args = sql + " AND env = ?", [*args, env]
+        if status:
+            sql, args = sql + " AND status = ?", [*args, status]
+        return [self.game(r["id"]) for r in self._rows(sql + " ORDER BY id", args)]
+
+    def submit(
+        self, game_id: int, action_id: str, play: Callable[[dict[str, Any]], tuple[list[dict], dict | None, dict]]
+    ) -> dict[str, Any]:
+        """Apply one action of the page to an active game, once.
+
+        ``play(game)`` returns ``(new turns, outcome or None while the game goes on, response)``, or raises
+        :class:`Rejected` (nothing is stored). The turns, the game's end and ``response`` are stored in one
+        transaction; a second submit of ``action_id`` returns the stored response with ``duplicate: true``.
+        """
+        if not action_id or len(action_id) > 100:
+            raise Rejected("the page sent no action id: reload the page")
+        with self._lock:
+            done = self._rows("SELECT response FROM actions WHERE id = ?", (action_id,))
+            if done:
+                return {**json.loads(done[0]["response"]), "duplicate": True}
+            game = self.game(game_id)
+            if game["status"] != ACTIVE:
+                raise Rejected(f"this game is {game['status']}: start a new one")
+            turns, outcome, response = play(game)
+            now = time.time()
+            with self._tx() as db:
+                self._insert_turns(db, game_id, len(game["turns"]), turns, now)
+                if outcome is not None:
+                    db.execute("UPDATE games SET status = 'finished', outcome = ?, ended = ? WHERE id = ?",
+                               (json.dumps(outcome), now, game_id))  # fmt: skip
+                db.execute("INSERT INTO actions VALUES (?, ?, ?, ?)", (action_id, game_id, json.dumps(response), now))
+        return {**response, "duplicate": False}
+
+    # -- calls and labels ------------------------------------------------------------------------------------
+
+    def add_call(self, call_id: str, source: str, record: dict[str, Any], simulator_label: str) -> bool:
+        """Register a recorded call for annotation (``False``: it was already there)."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (call_id, source, record["episode_id"], record["policy"], record["profile_id"], simulator_label,
+                 json.dumps(record, ensure_ascii=False)),
+            )  # fmt: skip
+            return cur.rowcount == 1
+
+    def calls(self) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT * FROM calls ORDER BY id")
+        for r in rows:
+            r["record"] = json.loads(r["record"])
+        return rows
+
+    def label(self, annotator: str, call_id: str, label: str, note: str = "") -> dict[str, Any]:
+        """Store ``annotator``'s label of a call. The same label again is a no-op (``duplicate``); a different one
+        is :class:`Rejected` (labels are final, so a double submit can never change one)."""
+        if label not in LABELS:
+            raise Rejected(f"choose one of {', '.join(LABELS)}" + (f" (got {label!r})" if label else ""))
+        if not self._rows("SELECT 1 FROM calls WHERE id = ?", (call_id,)):
+            raise Rejected(f"no call {call_id!r}")
+        with self._tx() as db:
+            old = db.execute("SELECT label FROM labels WHERE annotator = ? AND call_id = ?", (annotator, call_id))
+            old = old.fetchone()
+            if old is not None:
+                if old["label"] != label:
+                    raise Rejected(f"call {call_id} is already labelled {old['label']!r}; labels are final")
+                return {"duplicate": True}
+            db.execute("INSERT INTO labels VALUES (?, ?, ?, ?, ?)", (annotator, call_id, label, note, time.time()))
+        return {"duplicate": False}
+
+    def labels(self, annotator: str | None = None) -> list[dict[str, Any]]:
+        if annotator is None:
+            return self._rows("SELECT * FROM labels ORDER BY annotator, call_id")
+        return self._rows("SELECT * FROM labels WHERE annotator = ? ORDER BY call_id", (annotator,))
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table (what tests and the report check: a rejected action adds none)."""
+        return {t: self._rows(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"]
+                for t in ("participants", "games", "turns", "actions", "calls", "labels")}  # fmt: skip
