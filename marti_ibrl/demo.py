@@ -190,7 +190,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         if given:  # a committed warm start (recipes/dond/tiny-cpu.sh): checked against the recipe, never retrained
             check_sft(sft_dir, sft_settings(env_cfg, args.model), remake)
-            _step(f"SFT warm start {sft_dir} (made by: {remake})")
+            made_by = json.loads((Path(sft_dir) / SFT_RECORD).read_text()).get("command", remake)
+            _step(f"SFT warm start {sft_dir} (made by: {made_by})")
         else:
             if make and (sft_dir / "model.safetensors").exists():
                 return _fail(f"--make-sft: {sft_dir} already holds a checkpoint; remove it to make a new one")
