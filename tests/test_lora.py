@@ -247,55 +247,6 @@ def test_export_merged_command(tiny, tmp_path, capsys):
     assert "--base: base checkpoint '/nowhere' is not a directory" in capsys.readouterr().err
 
 
-def test_plan_lora_roles(tmp_path, capsys):
-    """plan with LoRA roles: adapter parameters as peft counts them; the actor holds gradients and Adam states of the
-    adapter only; no reference, no pool engines, and the GPUs that saves."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from marti_ibrl.cli import main
-    from marti_ibrl.plan import lora_params, make_plan
-
-    config = {
-        "model_type": "qwen2",
-        "vocab_size": 1000,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "tie_word_embeddings": True,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    m = str(tmp_path)
-    flags = [
-        *("--role1.pretrain", m, "--role2.pretrain", m, "--train.device", "cuda", "--ds.zero_stage", "2"),
-        *("--role1.lora_rank", "8", "--role2.num_gpus_per_node", "2"),
-    ]
-    cfg = load_config(flags)
-    plan = make_plan(cfg, nodes=1, gpus_per_node=8)
-    spec = plan.models[m]
-    # per layer r·(in+out): q 8·128, k 8·96, v 8·96, o 8·128, gate/up/down 8·192 each = 8192; 2 layers
-    assert lora_params(spec, 8, ["all-linear"]) == 16384
-    qwen = Qwen2ForCausalLM(Qwen2Config(**{k: v for k, v in config.items() if k != "model_type"}))
-    peft = get_peft_model(qwen, LoraConfig(r=8, target_modules="all-linear", task_type="CAUSAL_LM"))
-    assert peft.get_nb_trainable_parameters()[0] == 16384  # peft's own count
-    assert lora_params(spec, 8, ["q_proj", "v_proj"]) == 2 * (1024 + 768)
-    actor = next(u for u in plan.usages if (u.component.role, u.component.kind) == ("agent1", "actor"))
-    assert actor.parts["weights"] == spec.params * 2 and actor.parts["adapter"] == 16384 * 2
-    assert actor.parts["gradients"] == 16384 * 2 and actor.parts["Adam states"] == 16384 * 12
-    assert {(c.role, c.kind) for c in plan.components if c.role == "agent1"} == {("agent1", ENGINES), ("agent1", ACTOR)}
-    (summary,) = plan.lora
-    assert (summary.role, summary.params, summary.snapshot_bytes) == ("agent1", 16384, 16384 * 2)
-    assert (summary.gpus_saved, summary.reference_gpus, summary.pool_gpus) == (2, 1, 1)
-    assert main(["plan", *flags, "--nodes", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "agent1: LoRA r=8, 0.02M adapter params; a pool snapshot 32 KiB" in out
-    assert (
-        "no reference model, no pool engines: 2 GPUs fewer than full weights with these flags (reference 1, pool" in out
-    )
-
-
 def test_plan_shared_engines(tiny, capsys):
     from marti_ibrl.cli import main
 

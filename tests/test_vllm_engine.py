@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from logprobs import max_logprob_gap
 
 pytestmark = [
     pytest.mark.slow,
@@ -51,18 +52,6 @@ def _hf(model: str, state: dict | None = None):
     return m
 
 
-@torch.no_grad()
-def _max_logprob_gap(hf, results) -> float:
-    """Largest |vLLM log-prob − HF log π| over every sampled token (HF scores prompt + sample in one forward)."""
-    gap = 0.0
-    for prompt, r in zip(PROMPTS, results):
-        ids = torch.tensor([prompt + r["token_ids"]])
-        logits = hf(ids).logits[0, len(prompt) - 1 : -1].float() / SAMPLING["temperature"]
-        lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r["token_ids"]).unsqueeze(-1)).squeeze(-1)
-        gap = max(gap, (lp - torch.tensor(r["logprobs"])).abs().max().item())
-    return gap
-
-
 def _perturbed(model: str, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in _hf(model).state_dict().items()}
@@ -78,7 +67,7 @@ def test_logprobs_are_hf_log_pi_of_the_sampled_tokens(engine):
     e, model, _ = engine
     results = _generate(e)
     assert all(r["token_ids"] and len(r["logprobs"]) == len(r["token_ids"]) for r in results)
-    assert _max_logprob_gap(_hf(model), results) < 1e-3
+    assert _gap(_hf(model), results) < 1e-3
 
 
 def test_per_request_seeds_replay(engine):
@@ -107,13 +96,13 @@ def test_snapshot_file_and_object_store_loads_are_served(engine):
     assert ray.get(e.weights_digest.remote()) == params_digest(snap.items())
     after = _generate(e)
     assert [r["token_ids"] for r in after] != [r["token_ids"] for r in before]
-    assert _max_logprob_gap(_hf(model, snap), after) < 1e-3  # stale (prepacked) weights would fail here
+    assert _gap(_hf(model, snap), after) < 1e-3  # stale (prepacked) weights would fail here
 
     state = _perturbed(model, 2)
     state.pop("lm_head.weight", None)
     ray.get(e.update_weights_from_state_dict.remote(ray.put(state)))
     assert ray.get(e.weights_digest.remote()) == params_digest(state.items())
-    assert _max_logprob_gap(_hf(model, state), _generate(e)) < 1e-3
+    assert _gap(_hf(model, state), _generate(e)) < 1e-3
 
 
 def test_eval_engines_start_serve_and_stop_on_vllm(engine):
@@ -174,3 +163,7 @@ def _reset_file(model: str, tmp) -> str:
     path = tmp / "initial.safetensors"
     save_file(state, str(path))
     return path
+
+
+def _gap(hf, results) -> float:
+    return max_logprob_gap(hf, PROMPTS, results, SAMPLING["temperature"])
