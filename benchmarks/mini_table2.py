@@ -633,8 +633,8 @@ def run_level_tests(pairs: list[dict], arms: Sequence[str], reference: str = "ib
             df = pd.DataFrame([r for r in rows if r["method"] in testable])
             res = runs_vs_reference(df, reference)
             verdicts[(kind, metric)] = {r["method"]: r for r in res.to_dict("records")}
-            scale, unit = (100.0, "points") if metric == "agreement" else (1.0, "utility")
-            text = f"{title}\n\n" + format_runs_table(res, scale=scale, unit=unit)
+            scale, unit, digits = (100.0, "points", 1) if metric == "agreement" else (1.0, "utility", 3)
+            text = f"{title}\n\n" + format_runs_table(res, scale=scale, unit=unit, digits=digits)
             left_out = [a for a in arms if a not in testable]
             parts.append(text + (f"\n\n_left out (fewer than two runs): {', '.join(left_out)}_" if left_out else ""))
     return "\n\n".join(parts), verdicts

@@ -250,6 +250,9 @@ def test_runs_vs_reference_is_welchs_t_test_over_runs_with_holm() -> None:
     sft_line, bot_line = format_runs_table(res).splitlines()[2:]
     assert sft_line.startswith("| uni_sft | ibrl (5 runs, 75.0) | 5 | 60.0 ± 3.8 | -15.0 [")
     assert sft_line.endswith("*" * (sft["p_holm"] < 0.05) + " |") and not bot_line.endswith("* |")
+    # a utility in [0, 1]: unscaled, three decimals (one would print its hundredths as 0.0)
+    sft_line = format_runs_table(res, scale=1.0, unit="utility", digits=3).splitlines()[2]
+    assert sft_line.startswith("| uni_sft | ibrl (5 runs, 0.750) | 5 | 0.600 ± 0.038 | -0.150 [")
 
 
 @pytest.mark.parametrize(

@@ -336,18 +336,20 @@ def runs_vs_reference(
     return out
 
 
-def format_runs_table(df: pd.DataFrame, scale: float = 100.0, unit: str = "points") -> str:
+def format_runs_table(df: pd.DataFrame, scale: float = 100.0, unit: str = "points", digits: int = 1) -> str:
     """Markdown table of :func:`runs_vs_reference`: Method | vs | runs | mean ± sd | Δ [95% CI] | t (df) | p | p_holm
-    (``*``: Holm-significant); means and differences multiplied by ``scale`` (rates as points by default)."""
+    (``*``: Holm-significant); means and differences multiplied by ``scale`` (rates as points by default) and shown
+    with ``digits`` decimals (3 for a utility in [0, 1], whose differences are hundredths)."""
     header = ["Method", "vs", "runs", "mean ± sd", f"Δ {unit} [95% CI]", "t (df)", "p", "p_holm"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    d = digits
     for r in df.to_dict("records"):
         cells = [
             str(r["method"]),
-            f"{r['reference']} ({r['ref_runs']} runs, {r['ref_mean'] * scale:.1f})",
+            f"{r['reference']} ({r['ref_runs']} runs, {r['ref_mean'] * scale:.{d}f})",
             str(r["runs"]),
-            f"{r['mean'] * scale:.1f} ± {r['sd'] * scale:.1f}",
-            f"{r['diff'] * scale:+.1f} [{r['ci_low'] * scale:+.1f}, {r['ci_high'] * scale:+.1f}]",
+            f"{r['mean'] * scale:.{d}f} ± {r['sd'] * scale:.{d}f}",
+            f"{r['diff'] * scale:+.{d}f} [{r['ci_low'] * scale:+.{d}f}, {r['ci_high'] * scale:+.{d}f}]",
             f"{r['t']:.2f} ({r['df']:.1f})",
             _fmt_p(r["p_value"]),
             _fmt_p(r["p_holm"]) + ("*" if r["significant"] else ""),
