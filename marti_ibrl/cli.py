@@ -70,21 +70,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_merged(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
+    from marti_ibrl.lora import adapter_base, export_merged
 
-    from marti_ibrl.lora import ADAPTER_CONFIG, export_merged
-
-    config = Path(args.adapter) / ADAPTER_CONFIG
-    if not config.is_file():
-        print(
-            f"marti-ibrl export-merged: error: {args.adapter}: no {ADAPTER_CONFIG} (not a peft adapter)",
-            file=sys.stderr,
-        )
-        return 2
-    base = args.base or json.loads(config.read_text()).get("base_model_name_or_path")
-    if not base or not Path(base).is_dir():
-        print(f"marti-ibrl export-merged: error: --base: base checkpoint {base!r} is not a directory", file=sys.stderr)
+    try:
+        base = adapter_base(args.adapter, args.base)
+    except ValueError as e:
+        print(f"marti-ibrl export-merged: error: {e}", file=sys.stderr)
         return 2
     out = export_merged(base, args.adapter, args.out, args.dtype)
     print(f"wrote {out} ({base} + {args.adapter}, merged)")

@@ -18,7 +18,8 @@ What a LoRA role changes, and where (the rest of IB-RL is the same trainer):
   the role's *current* engines with that snapshot's adapter per request, so a LoRA role has no pool engines.
 * **Export**: ``ROLE/hf`` holds the final adapter (OpenRLHF saves only the adapter of a peft model);
   ``marti-ibrl export-merged`` writes the base with the adapter merged in, an ordinary HF checkpoint
-  (:func:`export_merged`).
+  (:func:`export_merged`); ``marti-ibrl eval`` and ``telesales eval`` take an adapter directory as a policy and
+  merge it once into ``OUT/merged/`` (:func:`servable_checkpoint`).
 
 Pure helpers only here (no Ray, no DeepSpeed); peft and safetensors are imported lazily.
 """
@@ -33,6 +34,8 @@ from pathlib import Path
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+MERGED_RECORD = "merged_from.json"
+"""What :func:`servable_checkpoint` writes beside a merged checkpoint: the adapter and base it was made from."""
 ALL_LINEAR = "all-linear"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM's ``max_lora_rank`` accepts (vllm/config/lora.py ``MaxLoRARanks``)."""
@@ -147,3 +150,47 @@ def export_merged(base: str, adapter: str, out: str, dtype: str = "fp32") -> Pat
     merged.to(to).save_pretrained(str(out_dir))
     AutoTokenizer.from_pretrained(base).save_pretrained(str(out_dir))
     return out_dir
+
+
+def is_adapter(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a peft adapter directory (a LoRA role's ``ROLE/hf``, a pool snapshot)."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(adapter: str | os.PathLike, base: str | None = None) -> str:
+    """The base checkpoint of ``adapter``: ``base`` if given, else the one its ``adapter_config.json`` names (the
+    role's ``--roleN.pretrain``); ValueError naming the adapter when it is no adapter or the base is no directory."""
+    import json
+
+    config = Path(adapter) / ADAPTER_CONFIG
+    if not config.is_file():
+        raise ValueError(f"{adapter}: no {ADAPTER_CONFIG} (not a peft adapter)")
+    given = base is not None
+    base = base or json.loads(config.read_text()).get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        named = "given" if given else f"named by its {ADAPTER_CONFIG}"
+        raise ValueError(f"{adapter}: base checkpoint {base!r} ({named}) is not a directory")
+    return str(base)
+
+
+def servable_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike) -> str:
+    """``path`` itself when it is an ordinary checkpoint; for a peft adapter, the checkpoint that any engine serves:
+    its base with it merged in (:func:`export_merged`, fp32), written once under ``cache_dir`` and reused while
+    :data:`MERGED_RECORD` says it was made from the same adapter weights (sha256) and base."""
+    import json
+
+    if not is_adapter(path):
+        return str(path)
+    base = adapter_base(path)
+    made_from = {"adapter": str(Path(path).resolve()), "sha256": adapter_info(path)["sha256"], "base": base}
+    out = Path(cache_dir) / f"{Path(path).resolve().parent.name}-{Path(path).name}-{made_from['sha256'][:12]}"
+    record = out / MERGED_RECORD
+    if record.is_file() and json.loads(record.read_text()) == made_from:
+        return str(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    export_merged(base, str(path), str(tmp))
+    (tmp / MERGED_RECORD).write_text(json.dumps(made_from, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return str(out)

@@ -254,3 +254,32 @@ def test_zero3_two_ranks(run, tmp_path):
         assert [
             m["version"] for m in json.loads((tmp_path / "run" / "pool" / r / "manifest.json").read_text())["members"]
         ] == [1, 2]
+
+
+def test_eval_serves_a_lora_roles_adapter_merged(run, tmp_path, capsys):
+    """`marti-ibrl eval --policy RUN/agent1/hf` on a LoRA run: the adapter is merged into its base once (under
+    OUT/merged, reused when the evaluation is resumed) and played like any checkpoint; the tables keep its name."""
+    from transformers import AutoModelForCausalLM
+
+    from marti_ibrl.cli import main
+    from marti_ibrl.lora import MERGED_RECORD, adapter_info
+
+    tmp, model = run[0], run[1]
+    adapter = tmp / "run" / "agent1" / "hf"
+    out = tmp_path / "eval"
+    small = ["--prompt-style", "compact", "--max-rounds", "2", "--max-new-tokens", "12", "--max-len", "512"]
+    argv = ["eval", "--policy", f"lora1={adapter}", "--counterpart", "heldout:hardliner", "-n", "2", *small]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "lora1 vs hardliner" in capsys.readouterr().out
+    (merged,) = (out / "merged").iterdir()
+    record = json.loads((merged / MERGED_RECORD).read_text())
+    assert record == {"adapter": str(adapter.resolve()), "sha256": adapter_info(adapter)["sha256"], "base": model}
+    episodes = [json.loads(x) for x in (out / "episodes" / "lora1__hardliner.jsonl").read_text().splitlines()]
+    assert len(episodes) == 4 and all(e["policies"][e["policy_role"]] == "lora1" for e in episodes)
+    # the merged weights are the trained adapter's: they differ from the base's
+    base = dict(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).named_parameters())
+    got = dict(AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.float32).named_parameters())
+    assert got.keys() == base.keys() and any(not torch.equal(got[k], base[k]) for k in base)
+    stamp = (merged / "model.safetensors").stat().st_mtime_ns
+    assert main([*argv, "--out", str(out)]) == 0  # resumed: nothing to play, nothing merged again
+    assert (merged / "model.safetensors").stat().st_mtime_ns == stamp

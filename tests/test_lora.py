@@ -173,6 +173,44 @@ def test_written_adapter_is_peft_loadable_and_merges(tiny, tmp_path):
     assert (out / "tokenizer.json").exists()
 
 
+def test_servable_checkpoint_merges_an_adapter_once(tiny, tmp_path, monkeypatch):
+    """eval's path for a LoRA role's ROLE/hf: merged into its base under the cache once, reused while the adapter's
+    weights and base are the same, made again when they change; an ordinary checkpoint is served as it is."""
+    from peft import get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    import marti_ibrl.lora as lora
+    from marti_ibrl.eval.command import merge_adapters
+    from marti_ibrl.eval.evaluator import Named
+
+    assert lora.servable_checkpoint(tiny, tmp_path / "cache") == tiny and not (tmp_path / "cache").exists()
+    peft = _peft(tiny, seed=5)
+    d = tmp_path / "run" / "agent1" / "hf"
+    write_adapter(d, get_peft_model_state_dict(peft), peft.peft_config["default"], base_model=tiny)
+    merges = []
+    real = lora.export_merged
+    monkeypatch.setattr(lora, "export_merged", lambda *a, **k: merges.append(a) or real(*a, **k))
+    first = lora.servable_checkpoint(d, tmp_path / "cache")
+    assert lora.servable_checkpoint(d, tmp_path / "cache") == first and len(merges) == 1
+    ids = torch.tensor([[7, 3, 19, 4]])
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(first, dtype=torch.float32)(ids).logits
+        assert torch.allclose(got, peft(ids).logits, atol=1e-4)
+    peft2 = _peft(tiny, seed=6)  # the role trained on: same directory, other weights
+    write_adapter(d, get_peft_model_state_dict(peft2), peft2.peft_config["default"], base_model=tiny)
+    second = lora.servable_checkpoint(d, tmp_path / "cache")
+    assert second != first and len(merges) == 2
+    pairs = [(Named("ib", f"checkpoint:{d}"), Named("hardliner", "heldout:hardliner"), "held-out")]
+    assert (
+        merge_adapters(pairs, tmp_path / "cache") == [(Named("ib", f"checkpoint:{second}"), pairs[0][1], "held-out")]
+        and len(merges) == 2
+    )
+    config = json.loads((d / ADAPTER_CONFIG).read_text())
+    (d / ADAPTER_CONFIG).write_text(json.dumps({**config, "base_model_name_or_path": "/nowhere"}))
+    with pytest.raises(ValueError, match=r"hf: base checkpoint '/nowhere' \(named by its adapter_config.json\) is not"):
+        lora.servable_checkpoint(d, tmp_path / "cache")
+
+
 def test_pool_of_adapters_gc_and_resume(tmp_path):
     pool = OpponentPool(tmp_path / "pool", "agent1", 2, adapters=True)
     assert pool.path_for(3).name == "v000003"
@@ -244,7 +282,7 @@ def test_export_merged_command(tiny, tmp_path, capsys):
     assert main(["export-merged", str(tmp_path), str(tmp_path / "x")]) == 2  # not an adapter
     assert "no adapter_config.json" in capsys.readouterr().err
     assert main(["export-merged", str(tmp_path / "a"), str(tmp_path / "x"), "--base", "/nowhere"]) == 2
-    assert "--base: base checkpoint '/nowhere' is not a directory" in capsys.readouterr().err
+    assert "base checkpoint '/nowhere' (given) is not a directory" in capsys.readouterr().err
 
 
 def test_plan_shared_engines(tiny, capsys):

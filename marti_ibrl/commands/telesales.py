@@ -257,6 +257,7 @@ def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
     )
     from marti_ibrl.eval.telesales.evaluator import EPISODES, read_episodes
     from marti_ibrl.llm import STRUCTURED
+    from marti_ibrl.lora import adapter_base, is_adapter
     from marti_ibrl.rollout.players import parse_player_spec
 
     counts = {"--samples": args.samples, "--concurrency": args.concurrency, "-n": args.n, "--batch": args.batch}
@@ -311,8 +312,13 @@ def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
         if named.name in policies:
             raise ValueError(f"--policy names must be unique: {named.name!r} twice (use NAME=SPEC)")
         if spec["kind"] == "checkpoint":
+            if is_adapter(spec["path"]):  # a LoRA role's ROLE/hf: merged into its base when the evaluation starts
+                adapter_base(spec["path"])  # its base must exist
+                policies[named.name] = spec["path"]
+                continue
             if not os.path.isfile(os.path.join(spec["path"], "config.json")):
-                raise ValueError(f"--policy {text}: not a Hugging Face checkpoint directory (no config.json)")
+                raise ValueError(f"--policy {text}: not a Hugging Face checkpoint directory (no config.json) "
+                                 "nor a LoRA adapter (no adapter_config.json)")  # fmt: skip
             policies[named.name] = spec["path"]
         elif spec["kind"] == "endpoint":
             policies[named.name] = PromptedSalesAgent(client(spec), named.name, sampling)
@@ -357,8 +363,13 @@ def cmd_telesales_eval(args: argparse.Namespace) -> int:
         return 2
     from marti_ibrl.eval.telesales.evaluator import EPISODES, TeleSalesEvaluator, current_records, write_results
     from marti_ibrl.eval.telesales.outputs import StoryCache
+    from marti_ibrl.lora import is_adapter, servable_checkpoint
 
     out = plan["out"]
+    for name, sales in plan["policies"].items():  # a LoRA adapter: its base with it merged in, made once
+        if isinstance(sales, str) and is_adapter(sales):
+            print(f"[telesales eval] {name}: {sales} is a LoRA adapter, served merged into its base", file=sys.stderr)
+            plan["policies"][name] = servable_checkpoint(sales, out / "merged")
     checkpoints = [p for p in plan["policies"].values() if isinstance(p, str)]
     ev = TeleSalesEvaluator(
         plan["profiles"],

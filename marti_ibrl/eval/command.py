@@ -195,12 +195,17 @@ def cmd_eval(args) -> int:
     from marti_ibrl.eval.evaluator import Evaluator
     from marti_ibrl.eval.report import write_tables
 
+    out = Path(args.out)
+    try:
+        pairs = merge_adapters(pairs, out / "merged")
+    except ValueError as e:
+        print(f"marti-ibrl eval: error: {e}", file=sys.stderr)
+        return 2
     env, scenarios = _env_and_scenarios(args)
     checkpoints = sorted({spec for p, c, _ in pairs for spec in (p.spec, c.spec) if spec.startswith("checkpoint:")})
     engines = engine_factory(args, len(checkpoints)) if checkpoints else None
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
     ev = Evaluator(env, scenarios, sampling, args.max_len, 2, engines, seed=args.seed, chunk=args.batch)
-    out = Path(args.out)
     try:
         results = play(ev, pairs, out / "episodes", samples=args.samples)
     finally:
@@ -267,6 +272,28 @@ def _env_and_scenarios(args):
     else:
         scenarios = generate_scenarios(args.num_scenarios, args.scenario_seed)
     return env, [(s.uid, s) for s in scenarios]
+
+
+def merge_adapters(pairs: list[tuple], cache_dir: Path) -> list[tuple]:
+    """``pairs`` with every ``checkpoint:ADAPTER`` (a LoRA role's ``ROLE/hf``, a pool snapshot) replaced by the merged
+    checkpoint :func:`marti_ibrl.lora.servable_checkpoint` writes once under ``cache_dir``; names (tables, episode
+    files) stay as given."""
+    from dataclasses import replace
+
+    from marti_ibrl.lora import is_adapter, servable_checkpoint
+
+    specs = {n.spec for p, c, _ in pairs for n in (p, c) if n.spec.startswith("checkpoint:")}
+    merged = {}
+    for spec in sorted(specs):
+        path = spec.removeprefix("checkpoint:")
+        if is_adapter(path):
+            print(f"[eval] {path} is a LoRA adapter: serving its base with it merged in ({cache_dir})", file=sys.stderr)
+            merged[spec] = "checkpoint:" + servable_checkpoint(path, cache_dir)
+
+    def swap(n):
+        return replace(n, spec=merged[n.spec]) if n.spec in merged else n
+
+    return [(swap(p), swap(c), kind) for p, c, kind in pairs]
 
 
 def engine_factory(args, n_checkpoints: int):
