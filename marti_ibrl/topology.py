@@ -44,6 +44,14 @@ def trained_role(stack: Any) -> dict:
     }
 
 
+def engines_owner(cfg: Config, role: Any) -> str:
+    """The role whose engine set serves ``role``'s rollouts: itself, or with ``--rollout.share_engines`` the first
+    trained role (whose ``engines`` count the same processes: count them once)."""
+    from marti_ibrl.placement import shares_engines, trained_roles
+
+    return trained_roles(cfg)[0].name if shares_engines(cfg, role) else role.name
+
+
 def ray_node(node: Mapping[str, Any]) -> dict:
     """One entry of ``ray.nodes()``: its id, name (``ray start --node-name``: recipes/slurm-ray.sh gives each
     node its Slurm host name; Ray's default is the address), address, liveness and CPU/GPU resources."""
@@ -66,10 +74,11 @@ def topology(
     frozen_engine_kind: str = "hf",
     placed: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
 ) -> dict:
-    """The run's topology: per trained role its stack (:func:`trained_role`) and, given ``placed`` (role ->
-    ``RoleStack.node_ids()``), the Ray node of each of its processes; per frozen role its counterparts (``Policy``
-    objects: name, engine kind — ``frozen_engine_kind`` for checkpoints, None for a text player — and engine
-    count), the Ray nodes (:func:`ray_node`) and the device. Roles appear in the config's seat order."""
+    """The run's topology: per trained role its stack (:func:`trained_role`), the role whose engines serve it
+    (``engines_of``, :func:`engines_owner`) and, given ``placed`` (role -> ``RoleStack.node_ids()``), the Ray node of
+    each of its processes; per frozen role its counterparts (``Policy`` objects: name, engine kind —
+    ``frozen_engine_kind`` for checkpoints, None for a text player — and engine count), the Ray nodes
+    (:func:`ray_node`) and the device. Roles appear in the config's seat order."""
     frozen_out = {
         r: {
             "counterparts": [
@@ -87,7 +96,11 @@ def topology(
     return {
         "device": device,
         "trained": {
-            r.name: {**trained_role(stacks[r.name]), **({"placed_on": dict(placed[r.name])} if placed else {})}
+            r.name: {
+                **trained_role(stacks[r.name]),
+                "engines_of": engines_owner(cfg, r),
+                **({"placed_on": dict(placed[r.name])} if placed else {}),
+            }
             for r in cfg.roles
             if r.name in stacks
         },

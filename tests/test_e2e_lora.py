@@ -214,6 +214,8 @@ def test_shared_engine_set_is_exact(run, tmp_path):
         trainer.close()
         ray.shutdown()
     assert {n.rsplit("/", 1)[0] for n in served} == {"agent1/current", "agent2/current", "agent2/pool"}
+    topo = json.loads((tmp_path / "run" / "topology.json").read_text())["trained"]
+    assert [topo[r]["engines_of"] for r in ROLES] == ["agent1", "agent1"]
     for r in ROLES:
         straight = load_file(str(tmp / "run" / r / "hf" / "adapter_model.safetensors"))
         shared = load_file(str(tmp_path / "run" / r / "hf" / "adapter_model.safetensors"))

@@ -70,6 +70,7 @@ def test_two_trained_roles(model: str, tmp_path) -> None:
                 "weight_sync": "object_store",
                 "lora_rank": 0,
                 "tensor_parallel_size": 2,
+                "engines_of": "agent1",
             },
             "agent2": {
                 "ranks": 2,
@@ -82,6 +83,7 @@ def test_two_trained_roles(model: str, tmp_path) -> None:
                 "weight_sync": "object_store",
                 "lora_rank": 0,
                 "tensor_parallel_size": 1,
+                "engines_of": "agent2",
             },
         },
         "frozen": {},
@@ -141,3 +143,15 @@ def test_frozen_role_lists_its_counterparts(model: str, monkeypatch) -> None:
         }
     }
     assert [n["node_id"] for n in got["nodes"]] == ["a1"]
+
+
+def test_shared_engines_name_their_owner(model: str) -> None:
+    """--rollout.share_engines: agent2's rollouts run on agent1's engines, and the record says so (the same
+    processes appear under both roles' ``engines``: count them once)."""
+    flags = [f"--role{i}.{k}={v}" for i in (1, 2) for k, v in (("pretrain", model), ("lora_rank", 8))]
+    for share, owners in ((False, ["agent1", "agent2"]), (True, ["agent1", "agent1"])):
+        cfg = load_config([*flags, "--rollout.share_engines", str(share).lower()])
+        stacks = {r.name: _stack(cfg, r, "cpu", 1, 0, False) for r in cfg.roles}
+        got = topology(cfg, stacks, {}, "cpu", NODES)["trained"]
+        assert [got[r]["engines_of"] for r in ("agent1", "agent2")] == owners
+        assert [got[r]["weight_sync"] for r in ("agent1", "agent2")] == ["adapter", "adapter"]
