@@ -19,7 +19,7 @@ setup(
     include_package_data=True,
     package_data={
         "marti_ibrl.envs.telesales.prompts": ["*/*.txt"],  # TeleSales prompt templates
-        "marti_ibrl.people": ["static/*.html"],  # the pages of `marti-ibrl play` / `annotate`
+        "marti_ibrl.people": ["static/*.html", "static/*.js"],  # the pages of `marti-ibrl play` / `annotate`
     },
     install_requires=[
         "torch>=2.4",  # the Makefile installs torch==2.13.0 (CPU wheel) first

@@ -50,12 +50,13 @@ def create_app(store: Store, game: Any = None, annotation: Any = None, token: st
     """The app: ``game`` (a :class:`~.games.Game`) serves the play page, ``annotation`` (an
     :class:`~.annotate.Annotation`) the annotation page; one of them."""
     from fastapi import Body, FastAPI, Request
-    from fastapi.responses import HTMLResponse, JSONResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
 
     if (game is None) == (annotation is None):
         raise ValueError("create_app serves either a game or an annotation")
     app = FastAPI(title="marti-ibrl people", docs_url=None, redoc_url=None, openapi_url=None)
     page = (STATIC / ("play.html" if game is not None else "annotate.html")).read_text(encoding="utf-8")
+    common = (STATIC / "common.js").read_text(encoding="utf-8")
     JSON_BODY = Body(...)  # noqa: N806 (FastAPI's marker of a JSON request body)
     lock = threading.Lock()  # one action at a time: a game's state is replayed, extended and stored as one step
 
@@ -75,6 +76,10 @@ def create_app(store: Store, game: Any = None, annotation: Any = None, token: st
     @app.get("/", response_class=HTMLResponse)
     def index() -> str:
         return page
+
+    @app.get("/common.js")
+    def common_js() -> Response:  # what both pages share (token, the API call); no token needed, as for the page
+        return Response(common, media_type="text/javascript")
 
     def own_game(game_id: int, participant: str) -> dict[str, Any]:
         row = store.game(game_id)
