@@ -273,6 +273,7 @@ def test_eval_serves_a_lora_roles_adapter_merged(run, tmp_path, capsys):
     argv = ["eval", "--policy", f"lora1={adapter}", "--counterpart", "heldout:hardliner", "-n", "2", *small]
     assert main([*argv, "--out", str(out)]) == 0
     assert "lora1 vs hardliner" in capsys.readouterr().out
+    assert not __import__("ray").is_initialized()  # the Ray eval started is shut down: the next job gets its own
     (merged,) = (out / "merged").iterdir()
     record = json.loads((merged / MERGED_RECORD).read_text())
     assert record == {"adapter": str(adapter.resolve()), "sha256": adapter_info(adapter)["sha256"], "base": model}

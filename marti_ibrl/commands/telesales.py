@@ -361,6 +361,7 @@ def cmd_telesales_eval(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         print(f"{EVAL_PROG}: error: {e}", file=sys.stderr)
         return 2
+    from marti_ibrl.eval.command import owned_ray
     from marti_ibrl.eval.telesales.evaluator import EPISODES, TeleSalesEvaluator, current_records, write_results
     from marti_ibrl.eval.telesales.outputs import StoryCache
     from marti_ibrl.lora import is_adapter, servable_checkpoint
@@ -391,9 +392,10 @@ def cmd_telesales_eval(args: argparse.Namespace) -> int:
     )
     runs = {}
     try:
-        for name, sales in plan["policies"].items():
-            records = ev.run_policy(name, sales, out / EPISODES / f"{name}.jsonl")
-            runs[name] = current_records(records, plan["profiles"], args.samples)
+        with owned_ray():  # started on the first checkpoint with calls left (_LazyEngines), shut down after
+            for name, sales in plan["policies"].items():
+                records = ev.run_policy(name, sales, out / EPISODES / f"{name}.jsonl")
+                runs[name] = current_records(records, plan["profiles"], args.samples)
     finally:
         for c in plan["clients"]:
             c.close()

@@ -20,6 +20,7 @@ import argparse
 import itertools
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -203,13 +204,14 @@ def cmd_eval(args) -> int:
         return 2
     env, scenarios = _env_and_scenarios(args)
     checkpoints = sorted({spec for p, c, _ in pairs for spec in (p.spec, c.spec) if spec.startswith("checkpoint:")})
-    engines = engine_factory(args, len(checkpoints)) if checkpoints else None
-    sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
-    ev = Evaluator(env, scenarios, sampling, args.max_len, 2, engines, seed=args.seed, chunk=args.batch)
-    try:
-        results = play(ev, pairs, out / "episodes", samples=args.samples)
-    finally:
-        ev.close()
+    with owned_ray():
+        engines = engine_factory(args, len(checkpoints)) if checkpoints else None
+        sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
+        ev = Evaluator(env, scenarios, sampling, args.max_len, 2, engines, seed=args.seed, chunk=args.batch)
+        try:
+            results = play(ev, pairs, out / "episodes", samples=args.samples)
+        finally:
+            ev.close()
     (out / "pairs.json").write_text(json.dumps(results, indent=1))
     if ev.endpoint_stats:  # what this invocation asked each endpoint (a resumed run: only what it played)
         (out / "endpoints.json").write_text(json.dumps(ev.endpoint_stats, indent=1, sort_keys=True))
@@ -294,6 +296,20 @@ def merge_adapters(pairs: list[tuple], cache_dir: Path) -> list[tuple]:
         return replace(n, spec=merged[n.spec]) if n.spec in merged else n
 
     return [(swap(p), swap(c), kind) for p, c, kind in pairs]
+
+
+@contextmanager
+def owned_ray():
+    """Shut down, on the way out, a Ray that the command started inside (:func:`engine_factory`, for checkpoints),
+    never one its caller had running: an in-process caller (a test, a notebook) is left as it was, not holding a
+    Ray sized for this evaluation that its next job would silently join (``start_ray`` keeps a running one)."""
+    had = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    try:
+        yield
+    finally:
+        ray = sys.modules.get("ray")
+        if ray is not None and not had and ray.is_initialized():
+            ray.shutdown()
 
 
 def engine_factory(args, n_checkpoints: int):
