@@ -223,24 +223,6 @@ reply's schema (--structured auto|on|off). Episodes go to OUT/episodes/NAME.json
 OUT/summary.json and OUT/success_at_n.png at the end, with each endpoint's request counts."""
 
 
-class _LazyEngines:
-    """Rollout engines for checkpoints, Ray started on the first checkpoint that has calls left to play."""
-
-    def __init__(self, args: argparse.Namespace, n_checkpoints: int) -> None:
-        self.args, self.n, self._engines = args, n_checkpoints, None
-
-    def start(self, path: str) -> list:
-        if self._engines is None:
-            from marti_ibrl.eval.command import engine_factory
-
-            self._engines = engine_factory(self.args, self.n)
-        return self._engines.start(path)
-
-    def stop(self, engines: list) -> None:
-        if self._engines is not None:
-            self._engines.stop(engines)
-
-
 def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
     """Everything the evaluation needs, checked before any work; ``ValueError`` / ``OSError`` on bad input."""
     from pathlib import Path
@@ -361,7 +343,7 @@ def cmd_telesales_eval(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         print(f"{EVAL_PROG}: error: {e}", file=sys.stderr)
         return 2
-    from marti_ibrl.eval.command import owned_ray
+    from marti_ibrl.eval.command import LazyEngines, owned_ray
     from marti_ibrl.eval.telesales.evaluator import EPISODES, TeleSalesEvaluator, current_records, write_results
     from marti_ibrl.eval.telesales.outputs import StoryCache
     from marti_ibrl.lora import is_adapter, servable_checkpoint
@@ -387,12 +369,12 @@ def cmd_telesales_eval(args: argparse.Namespace) -> int:
         sampling=plan["sampling"],
         compiler_sampling=plan["compiler_sampling"],
         max_len=args.max_len,
-        engines=_LazyEngines(args, len(checkpoints)) if checkpoints else None,
+        engines=LazyEngines(args, len(checkpoints)) if checkpoints else None,
         retry_failed=args.retry_failed,
     )
     runs = {}
     try:
-        with owned_ray():  # started on the first checkpoint with calls left (_LazyEngines), shut down after
+        with owned_ray():  # started on the first checkpoint with calls left (LazyEngines), shut down after
             for name, sales in plan["policies"].items():
                 records = ev.run_policy(name, sales, out / EPISODES / f"{name}.jsonl")
                 runs[name] = current_records(records, plan["profiles"], args.samples)

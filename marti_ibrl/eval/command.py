@@ -205,7 +205,7 @@ def cmd_eval(args) -> int:
     env, scenarios = _env_and_scenarios(args)
     checkpoints = sorted({spec for p, c, _ in pairs for spec in (p.spec, c.spec) if spec.startswith("checkpoint:")})
     with owned_ray():
-        engines = engine_factory(args, len(checkpoints)) if checkpoints else None
+        engines = LazyEngines(args, len(checkpoints)) if checkpoints else None
         sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
         ev = Evaluator(env, scenarios, sampling, args.max_len, 2, engines, seed=args.seed, chunk=args.batch)
         try:
@@ -310,6 +310,23 @@ def owned_ray():
         ray = sys.modules.get("ray")
         if ray is not None and not had and ray.is_initialized():
             ray.shutdown()
+
+
+class LazyEngines:
+    """:func:`engine_factory`'s engines, Ray started on the first checkpoint that has episodes left to play: a
+    resumed evaluation with nothing left starts neither Ray nor an engine."""
+
+    def __init__(self, args: argparse.Namespace, n_checkpoints: int) -> None:
+        self.args, self.n, self._engines = args, n_checkpoints, None
+
+    def start(self, path: str) -> list:
+        if self._engines is None:
+            self._engines = engine_factory(self.args, self.n)
+        return self._engines.start(path)
+
+    def stop(self, engines: list) -> None:
+        if self._engines is not None:
+            self._engines.stop(engines)
 
 
 def engine_factory(args, n_checkpoints: int):
