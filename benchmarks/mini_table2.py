@@ -700,10 +700,20 @@ def _seed_spread(numbers: dict[str, dict], arm: str) -> str:
     return " Per seed: " + ", ".join(f"{s}: {(ib[s] - other[s]) * 100:+.1f}" for s in seeds) + " points."
 
 
-def runs_figure(pairs: list[dict], arms: Sequence[str], png: Path) -> Path | None:
-    """Held-out agreement per training run: one point per (arm, seed), the arm's mean and its 95% t interval."""
+def t_interval(values: Sequence[float]) -> tuple[float, float | None]:
+    """The mean of ``values`` and the half-width of its 95% t interval (None with fewer than two values)."""
     from scipy import stats
 
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def runs_figure(pairs: list[dict], arms: Sequence[str], png: Path) -> Path | None:
+    """Held-out agreement per training run: one point per (arm, seed), the arm's mean and its 95% t interval, and the
+    SFT init's held-out agreement as a dashed line when it was evaluated. Agreement is a share, so the axis is [0, 1];
+    an interval that runs past it is cut at the edge and marked with a triangle."""
     from marti_ibrl.eval.figures import _figure, _save
 
     rows = run_values(pairs, "held-out", "agreement", arms)
@@ -720,16 +730,28 @@ def runs_figure(pairs: list[dict], arms: Sequence[str], png: Path) -> Path | Non
         ax.scatter([i + o for o in offsets], values, color=f"C{i}", s=22, alpha=0.8, zorder=3, label="_")
         for x, y, seed in zip(offsets, values, seeds):
             ax.annotate(str(seed), (i + x, y), textcoords="offset points", xytext=(4, 0), fontsize=6, color="0.4")
-        mean = statistics.fmean(values)
-        if len(values) > 1:
-            half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-            ax.errorbar(i + 0.25, mean, yerr=half, fmt="o", color="black", capsize=4, ms=5, zorder=4, label=label)
+        mean, half = t_interval(values)
+        x = i + 0.25
+        if half is None:
+            ax.plot(x, mean, "o", color="black", ms=5, zorder=4, label=label)
         else:
-            ax.plot(i + 0.25, mean, "o", color="black", ms=5, zorder=4, label=label)
+            lo, hi = max(0.0, mean - half), min(1.0, mean + half)
+            ax.errorbar(
+                x, mean, yerr=[[mean - lo], [hi - mean]], fmt="o", color="black", capsize=4, ms=5, zorder=4, label=label
+            )
+            for edge, cut, marker in ((0.0, mean - half < 0.0, "v"), (1.0, mean + half > 1.0, "^")):
+                if cut:
+                    ax.plot(x, edge, marker, color="black", ms=6, zorder=4, clip_on=False)
         label = "_"  # one legend entry
+    sft = [r["value"] for r in run_values(pairs, "held-out", "agreement", ["sft"])]
+    if sft:
+        ax.axhline(statistics.fmean(sft), color="0.5", ls="--", lw=1, zorder=1, label="SFT init")
+    ax.set_ylim(0.0, 1.0)
     ax.set_xticks(range(len(shown)), shown, rotation=20)
     ax.set_ylabel("held-out agreement (seat-averaged)")
-    ax.set_title("Held-out agreement per training run (points: runs, by seed)", fontsize="medium")
+    ax.set_title(
+        "Held-out agreement per training run (points: runs, by seed; ▲▼ interval cut at the axis)", fontsize="medium"
+    )
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize="small")
     fig.tight_layout()

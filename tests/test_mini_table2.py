@@ -185,6 +185,12 @@ def test_results_tables_gee_and_goals(bench, tmp_path):
     assert "![reward curves]" not in text  # no training runs under tmp_path: no figure claimed
 
 
+def test_t_interval_is_the_95_percent_student_interval(bench):
+    mean, half = bench.t_interval([0.2, 0.4, 0.6])  # sd 0.2, t(0.975, 2) = 4.303
+    assert mean == pytest.approx(0.4) and half == pytest.approx(4.3027 * 0.2 / 3**0.5, rel=1e-4)
+    assert bench.t_interval([0.7]) == (0.7, None)  # one run: a point, no interval
+
+
 def _fake_run(ran: list):
     """Stands in for ``_run``: a training run writes its state and final policy, an evaluation its episodes."""
 
