@@ -185,6 +185,30 @@ def test_results_tables_gee_and_goals(bench, tmp_path):
     assert "![reward curves]" not in text  # no training runs under tmp_path: no figure claimed
 
 
+def test_run_level_holm_is_within_table2_arms_and_within_ablations(bench, tmp_path):
+    import pandas as pd
+
+    from marti_ibrl.eval.stats import runs_vs_reference
+
+    arms = ("ibrl", "uni_sft", "uni_bot", "joint_norm")
+    assert bench.holm_families(arms[1:]) == [["uni_sft", "uni_bot"], ["joint_norm"]]
+    assert bench.holm_families(["uni_pool"]) == [["uni_pool"]]  # no empty family
+    rates = {"ibrl": (0.7, 0.85), "uni_sft": (0.4, 0.55), "uni_bot": (0.2, 0.45), "joint_norm": (0.65, 0.45)}
+    for seed in (0, 1):
+        for arm in arms:
+            _keep_eval(tmp_path, seed, arm, {(arm, b, "held-out"): rates[arm][seed] for b in bench.HELDOUT_BOTS}, n=30)
+    pairs = bench.load_results(tmp_path, (0, 1))
+    _, verdicts = bench.run_level_tests(pairs, arms)
+    got = verdicts[("held-out", "agreement")]
+    rows = pd.DataFrame(bench.run_values(pairs, "held-out", "agreement", arms))
+    table2 = runs_vs_reference(rows[rows["method"].isin(["ibrl", "uni_sft", "uni_bot"])], "ibrl")
+    for r in table2.to_dict("records"):  # Holm over the two Table 2 arms only: the ablation is not in their family
+        assert got[r["method"]]["p_holm"] == pytest.approx(r["p_holm"])
+    assert got["joint_norm"]["p_holm"] == pytest.approx(got["joint_norm"]["p_value"])  # a family of one
+    assert all(v["p_holm_all"] >= v["p_holm"] for v in got.values())  # the stricter, all-arm correction
+    assert got["uni_sft"]["p_holm_all"] > got["uni_sft"]["p_holm"] or got["uni_sft"]["p_holm_all"] == 1.0
+
+
 def test_t_interval_is_the_95_percent_student_interval(bench):
     mean, half = bench.t_interval([0.2, 0.4, 0.6])  # sd 0.2, t(0.975, 2) = 4.303
     assert mean == pytest.approx(0.4) and half == pytest.approx(4.3027 * 0.2 / 3**0.5, rel=1e-4)
