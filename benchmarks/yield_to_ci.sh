@@ -13,7 +13,9 @@
 # test suite's Slurm cluster (≈ 15 GB): Ray's memory monitor kills one of them.
 #
 # It also gives way while the file YIELD_HOLD (default /tmp/yield_to_ci.hold) exists: `touch` it before running
-# something heavy by hand, remove it afterwards.
+# something heavy by hand, remove it afterwards. YIELD_ON (an extended regex for `pgrep -f`) replaces what counts as
+# CI: e.g. YIELD_ON='(^|/| )\.ci/run( |$)|make test' while several developers run single test modules beside it
+# (light, and each would otherwise interrupt a training unit).
 #
 # Plain bash rather than a Python supervisor: it has to outlive and kill Python process trees, and needs only ps.
 # It runs from a copy of itself, so that a `git pull` in the clone cannot change the script under a running bash.
@@ -25,11 +27,12 @@ if [ -z "${YIELD_TO_CI_COPY:-}" ]; then
 fi
 rm -f "$YIELD_TO_CI_COPY"  # (bash keeps reading the open file)
 HOLD=${YIELD_HOLD:-/tmp/yield_to_ci.hold}
+YIELD_ON=${YIELD_ON:-'(^|/| )\.ci/run( |$)|(-m |/|^)pytest( |$)'}
 export YIELD_TO_CI_TOKEN="yield-$$-$(date +%s)"  # inherited by COMMAND and everything it starts
 POLL=${YIELD_POLL_S:-20}
 
 ci_running() {  # a `.ci/run` or a pytest anywhere on the machine (CI's, or a developer's), or the hold file
-  [ -e "$HOLD" ] || pgrep -f '(^|/| )\.ci/run( |$)|(-m |/|^)pytest( |$)' > /dev/null
+  [ -e "$HOLD" ] || pgrep -f "$YIELD_ON" > /dev/null
 }
 
 kill_leftovers() {  # every process but this one whose environment carries the token
