@@ -71,7 +71,9 @@ RECIPE = ROOT / "recipes" / "dond" / "mini-table2.yaml"
 KEEP = ROOT / "benchmarks" / "results" / "mini_table2_runs"  # what the full run keeps in the repository: see below
 TIMES = "times.json"  # KEEP/times.json: seconds of every finished unit (SFT, training run, evaluation)
 TRAINING_BOTS = tuple(sorted(_TRAINING_BOT_REGISTRY))  # conceder, fair, greedy, stubborn
-HELDOUT_BOTS = tuple(_HELDOUT_BOT_REGISTRY)  # hardliner, tit_for_tat, slow_conceder, fast_conceder
+# v1's held-out bots, named: the registry has grown since (mini_table2_v2.py's strategy-disjoint families)
+HELDOUT_BOTS = ("hardliner", "tit_for_tat", "slow_conceder", "fast_conceder")
+assert set(HELDOUT_BOTS) <= set(_HELDOUT_BOT_REGISTRY)
 UNILATERAL = ("uni_sft", "uni_bot", "uni_pool")
 ABLATIONS = ("shared_reward", "joint_norm", "no_stabilization")
 SINGLE_COUNTERPART = ("uni_sft", "uni_bot")  # the goal compares IB-RL with the best of these

@@ -36,9 +36,13 @@ N_SCENARIOS = 200
 SC = DondScenario(counts=(1, 2, 3), values=((2, 1, 2), (4, 3, 0)), uid="hand")
 
 
+V1 = ("hardliner", "tit_for_tat", "slow_conceder", "fast_conceder")  # the designs the module fixture checks
+V2 = tuple(b for b in HELDOUT_BOTS if b not in V1)  # the strategy-disjoint families: test_v2_families_play_cleanly
+
+
 def _heldout_pairs() -> list[tuple[str, str]]:
-    training = [(h, t) for h in HELDOUT_BOTS for t in TRAINING_BOTS]
-    among = list(itertools.combinations_with_replacement(HELDOUT_BOTS, 2))
+    training = [(h, t) for h in V1 for t in TRAINING_BOTS]
+    among = list(itertools.combinations_with_replacement(V1, 2))
     return training + among
 
 
@@ -52,7 +56,7 @@ def games() -> dict[tuple[str, str, int], list]:
     scenarios = generate_scenarios(N_SCENARIOS, 2024)
     out: dict[tuple[str, str, int], list] = {}
     for first, second in _heldout_pairs():
-        opponent = make_heldout_bot if second in HELDOUT_BOTS else make_bot
+        opponent = make_heldout_bot if second in V1 else make_bot
         for s, seats in enumerate(SEATINGS):
             played = []
             for i, sc in enumerate(scenarios):
@@ -69,13 +73,13 @@ def _agreement_by_opponent(games) -> dict[str, dict[str, float]]:
     for (first, second, _), played in games.items():
         flags = [outcome.agreed for _, _, outcome in played]
         deals[first][second] += flags
-        if second in HELDOUT_BOTS and second != first:
+        if second in V1 and second != first:
             deals[second][first] += flags
     return {h: {o: sum(f) / len(f) for o, f in row.items()} for h, row in deals.items()}
 
 
 def test_every_matchup_is_played_in_both_seats_and_ends_cleanly(games):
-    assert len(games) == 2 * (len(HELDOUT_BOTS) * len(TRAINING_BOTS) + 10)
+    assert len(games) == 2 * (len(V1) * len(TRAINING_BOTS) + 10)
     for (first, second, s), played in games.items():
         assert len(played) == N_SCENARIOS
         for sc, state, outcome in played:
@@ -90,7 +94,7 @@ def test_every_matchup_is_played_in_both_seats_and_ends_cleanly(games):
 def test_agreement_ordering_follows_the_designs(games):
     rates = _agreement_by_opponent(games)
     overall = {h: sum(row.values()) / len(row) for h, row in rates.items()}
-    assert set(rates) == set(HELDOUT_BOTS) and all(len(row) == 8 for row in rates.values())
+    assert set(rates) == set(V1) and all(len(row) == 8 for row in rates.values())
     # ≥ 8 of 10 points vs a target falling to 3 within a few turns: against every opponent
     for opponent in rates["hardliner"]:
         assert rates["hardliner"][opponent] < rates["fast_conceder"][opponent], opponent
@@ -273,3 +277,132 @@ def test_heldout_code_and_phrasing_share_nothing_with_the_training_bots():
             for role, text in state.history:
                 if role == "agent1":
                     assert not any(p and p in text for p in training_phrases), text
+
+
+# -- calibration to the round limit, the strategy-disjoint families (mini Table 2 v2), surface variation ------------
+
+
+def _target_after(bot, own_turns: int) -> float:
+    ledger = heldout._Ledger(own_turns, (), (), None, None, False)
+    return bot.target(SC, 0, ledger)
+
+
+def test_conceders_are_calibrated_to_the_round_limit_actually_played():
+    # SC role 0: everything is worth 10; the slow conceder (e = 0.2, reserve 5) at its last own turn of a 5-round game
+    slow = make_heldout_bot("slow_conceder")
+    assert _target_after(slow, 4) == pytest.approx(10 - 5 * (4 / 9) ** 5)  # v1: parameterised for 10 rounds, ≈ 9.91
+    five = make_heldout_bot("slow_conceder", rounds=5)
+    assert five.rounds == 5 and _target_after(five, 4) == pytest.approx(5.0)  # reaches its reserve at T = 4
+    assert _target_after(five, 2) == pytest.approx(10 - 5 * 0.5**5)
+    assert heldout.with_rounds(make_heldout_bot("hardliner"), 5) == make_heldout_bot("hardliner")  # no clock: as is
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        make_heldout_bot("fast_conceder", rounds=0)
+
+
+def test_the_player_calibrates_a_heldout_bot_to_the_env():
+    from marti_ibrl.rollout.dialogue import Trajectory
+    from marti_ibrl.rollout.players import ScriptedBotPlayer
+
+    player = ScriptedBotPlayer("slow_conceder", registry=HELDOUT_BOTS, kind="heldout")
+    for rounds in (5, 10):
+        env = DondEnv(max_rounds=rounds)
+        traj = Trajectory(scenario_uid=SC.uid, scenario=SC, seats=list(ROLES), policies={})
+        player.respond(env, "agent1", [traj])
+        assert player._calibrated(env).rounds == rounds
+    assert player.bot.rounds == 10  # the registry's bot itself is left as it is
+
+
+def test_utility_search_infers_the_partner_values_and_leaves_it_its_demand():
+    bot = make_heldout_bot("utility_search", rounds=5)
+    # the partner keeps item1 (values of role 1: 4, 3, 0) twice: mass moves to vectors valuing item1
+    ledger = heldout._Ledger(1, (), ((0, 2, 0), (0, 2, 0)), "try", (0, 2, 0), True)
+    post = dict(bot.posterior(SC, ledger))
+    assert sum(post.values()) == pytest.approx(1.0)
+    flat = dict(bot.posterior(SC, heldout._Ledger(0, (), (), None, None, False)))
+    assert len(set(flat.values())) == 1  # uniform prior
+    mass = sum(p for v, p in post.items() if v[1] >= 3)
+    assert mass > sum(p for v, p in flat.items() if v[1] >= 3)
+    share = bot.propose(SC, 0, ledger)
+    rest = complement(SC.counts, share)
+    demand = 6 - 3 * (1 / 4)
+    assert sum(p * utility(rest, v) for v, p in post.items()) >= demand - 1e-9
+    assert share[1] < SC.counts[1]  # leaves some of what the partner asks for
+
+
+def test_split_difference_meets_in_the_middle():
+    bot = make_heldout_bot("split_difference")
+    opening = bot.propose(SC, 0, heldout._Ledger(0, (), (), None, None, False))
+    assert opening == (1, 2, 3)  # every unit it values (all three items are worth something to role 0)
+    # the partner's <try> keeps (1, 2, 0) for itself, i.e. leaves (0, 0, 3): midpoint of (1, 2, 3) and (0, 0, 3)
+    ledger = heldout._Ledger(1, ((1, 2, 3),), ((1, 2, 0),), "try", (1, 2, 0), True)
+    assert bot.propose(SC, 0, ledger) == (1, 1, 3)
+    assert bot.takes(SC, 0, ledger, gain=utility((1, 1, 3), SC.values[0]) - 1, proposal=(1, 1, 3))
+    assert not bot.takes(SC, 0, ledger, gain=utility((1, 1, 3), SC.values[0]) - 2, proposal=(1, 1, 3))
+
+
+def test_random_aspiration_is_drawn_per_dialogue_and_falls_to_its_floor():
+    bot = make_heldout_bot("random_aspiration", rounds=5)
+    start = heldout._Ledger(0, (), (), None, None, False)
+    firsts = [bot.aspiration(sc, 0, start) for sc in generate_scenarios(200, 5)]
+    assert all(5.0 <= a <= 9.0 for a in firsts) and max(firsts) - min(firsts) > 3.0  # varies across dialogues
+    assert bot.aspiration(SC, 0, start) == bot.aspiration(SC, 0, start)  # recomputable within one dialogue
+    path = [bot.aspiration(SC, 0, heldout._Ledger(t, (), (), None, None, False)) for t in range(5)]
+    assert path == sorted(path, reverse=True) and path[-1] >= 3.0
+    late = heldout._Ledger(40, (), (), None, None, False)
+    assert heldout.with_rounds(bot, 40).aspiration(SC, 0, late) == 3.0
+    offers = {bot.choose(SC, 0, start, random.Random(i)) for i in range(50)}
+    assert len(offers) > 1 and all(utility(o, SC.values[0]) >= path[0] for o in offers)
+
+
+def test_picky_then_fold_switches_at_half_the_horizon():
+    bot = make_heldout_bot("picky_then_fold", rounds=5)  # T = 4: picky for own turns 0-1, folded from turn 2
+    picky, folded = (heldout._Ledger(t, (), (), None, None, False) for t in (1, 2))
+    assert utility(bot.propose(SC, 0, picky), SC.values[0]) == 10
+    assert utility(bot.propose(SC, 0, folded), SC.values[0]) == 5
+    assert not bot.takes(SC, 0, picky, gain=8, proposal=(1, 2, 3)) and bot.takes(SC, 0, picky, gain=9, proposal=())
+    assert bot.takes(SC, 0, folded, gain=1, proposal=()) and not bot.signs(SC, 0, folded, gain=0)
+
+
+def test_phrased_variants_make_the_same_moves_in_other_words():
+    from marti_ibrl.rollout.dialogue import Trajectory
+    from marti_ibrl.rollout.players import ScriptedBotPlayer
+
+    env = DondEnv(max_rounds=5, bot_speech="markers")
+    plain = ScriptedBotPlayer("utility_search", registry=HELDOUT_BOTS, kind="heldout")
+    phrased = ScriptedBotPlayer("utility_search+phrased", registry=HELDOUT_BOTS, kind="heldout")
+    assert phrased.name == "heldout:utility_search+phrased"
+    seen = set()
+    for i, sc in enumerate(generate_scenarios(40, 3)):
+        traj = Trajectory(scenario_uid=sc.uid, scenario=sc, seats=list(ROLES), policies={}, sample_index=i)
+        (a,), (b,) = plain.respond(env, "agent1", [traj]), phrased.respond(env, "agent1", [traj])
+        assert a.startswith("<") and b != a and a in b  # markers only, then a phrase around the same markup
+        assert parse_utterance(a) == parse_utterance(b)
+        seen.add(b.split("<")[0])
+    assert seen <= set(heldout.OPENERS) and len(seen) > 2
+    with pytest.raises(ValueError, match="unknown surface 'shouted'"):
+        ScriptedBotPlayer("utility_search+shouted", registry=HELDOUT_BOTS, kind="heldout")
+
+
+def test_v2_families_play_cleanly_against_every_bot_in_both_seats():
+    """Each new family against every training and held-out bot, 5-round games: valid turns only (play_dialogue raises
+    on the first invalid one), complementary deals, and a real spread of agreement."""
+    env = DondEnv(max_rounds=5, bot_speech="markers")
+    scenarios = generate_scenarios(40, 11)
+    rates = {}
+    for name in V2:
+        for other in (*TRAINING_BOTS, *HELDOUT_BOTS):
+            deals = 0
+            for seats in SEATINGS:
+                for i, sc in enumerate(scenarios):
+                    partner = make_heldout_bot(other, 5) if other in HELDOUT_BOTS else make_bot(other)
+                    bots = {"agent1": make_heldout_bot(name, 5), "agent2": partner}
+                    state, outcome = play_dialogue(env, sc, bots, seed=i, seats=seats)
+                    assert outcome.info["reason"] in (DEAL, DISAGREE, TURN_LIMIT)
+                    if outcome.agreed:
+                        allocs = outcome.info["allocations"]
+                        assert tuple(complement(sc.counts, allocs["agent1"])) == tuple(allocs["agent2"])
+                    deals += outcome.agreed
+            rates[(name, other)] = deals / (2 * len(scenarios))
+    for name in V2:
+        row = [rates[(name, o)] for o in (*TRAINING_BOTS, *HELDOUT_BOTS)]
+        assert max(row) >= 0.8 and min(row) < max(row) - 0.2, (name, row)

@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 
 from marti_ibrl.envs.dond.bots import TRAINING_BOTS, ScriptedNegotiator
-from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS
+from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS, phrase_around, split_surface, with_rounds
 from marti_ibrl.envs.dond.scenarios import DondScenario
 from marti_ibrl.llm import RETRIED, ChatEndpoint, Fault, reply_content, transport_fault
 from marti_ibrl.rollout.dialogue import Trajectory
@@ -84,6 +84,9 @@ class ScriptedBotPlayer:
 
     The bot's randomness (its phrasing) comes from ``random.Random(f"{seed}/{scenario_uid}/{sample_index}/{n}")``
     with ``n`` the number of turns so far: the same seed replays the same transcript, also after a resume.
+    A time-dependent bot is calibrated to the env's round limit (:func:`~marti_ibrl.envs.dond.heldout.with_rounds`);
+    ``NAME+phrased`` speaks a short phrase around the (possibly marker-only) turn
+    (:func:`~marti_ibrl.envs.dond.heldout.phrase_around`).
     """
 
     def __init__(
@@ -94,9 +97,11 @@ class ScriptedBotPlayer:
         kind: str = "bot",
     ) -> None:
         bots = TRAINING_BOTS if registry is None else registry
-        if bot_name not in bots:
-            raise ValueError(f"unknown {_BOT_KINDS.get(kind, kind)} {bot_name!r}; known bots: {sorted(bots)}")
-        self.bot: ScriptedNegotiator = bots[bot_name]()
+        base, self.surface = split_surface(bot_name)
+        if base not in bots:
+            raise ValueError(f"unknown {_BOT_KINDS.get(kind, kind)} {base!r}; known bots: {sorted(bots)}")
+        self.bot: ScriptedNegotiator = bots[base]()
+        self._by_rounds: dict[int, ScriptedNegotiator] = {}
         self.bot_name = bot_name
         self.seed = seed
         self.kind = kind
@@ -112,6 +117,7 @@ class ScriptedBotPlayer:
         if role not in roles:
             raise ValueError(f"unknown role {role!r}; roles are {roles}")
         role_index = roles.index(role)
+        bot = self._calibrated(env)
         out: list[str | None] = []
         for traj in trajectories:
             if not isinstance(traj.scenario, DondScenario):
@@ -121,8 +127,18 @@ class ScriptedBotPlayer:
                 )
             history = [(roles.index(t.role), t.text) for t in traj.turns if t.valid]
             rng = random.Random(f"{self.seed}/{traj.scenario_uid}/{traj.sample_index}/{len(traj.turns)}")
-            out.append(env.bot_utterance(self.bot.respond(traj.scenario, role_index, history, rng)))
+            text = env.bot_utterance(bot.respond(traj.scenario, role_index, history, rng))
+            out.append(phrase_around(text, rng) if self.surface == "phrased" else text)
         return out
+
+    def _calibrated(self, env: Any) -> ScriptedNegotiator:
+        """The bot calibrated to the env's round limit (a time-dependent held-out bot; others as they are)."""
+        rounds = getattr(env, "max_rounds", None)
+        if rounds is None:
+            return self.bot
+        if rounds not in self._by_rounds:
+            self._by_rounds[rounds] = with_rounds(self.bot, rounds)
+        return self._by_rounds[rounds]
 
     def close(self) -> None:
         """Nothing to release."""
