@@ -67,12 +67,9 @@ PANEL = (
 V1_HELDOUT = ("hardliner", "tit_for_tat", "slow_conceder", "fast_conceder")  # family of the training bots
 SCRIPTED = ("utility_search", "split_difference", "random_aspiration", "picky_then_fold")  # family A
 PHRASED = tuple(f"{b}+phrased" for b in SCRIPTED)  # family B
-FAMILIES = {
-    "scripted": [f"heldout:{b}" for b in SCRIPTED],
-    "surface": [f"heldout:{b}" for b in PHRASED],
-    "learned": [m.name for m in PANEL],
-}
-"""The three families of the primary outcome (equal weights), by counterpart name as ``pairs.json`` records it."""
+FAMILIES = {"scripted": list(SCRIPTED), "surface": list(PHRASED), "learned": [m.name for m in PANEL]}
+"""The three families of the primary outcome (equal weights), by counterpart name as ``pairs.json`` records it (a
+held-out bot by its bare name, a panel member by its ``NAME=``)."""
 
 
 def _log(msg: str) -> None:
