@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,6 +41,7 @@ import mini_table2 as v1  # noqa: E402  (the v1 benchmark's stages, reused as th
 ROOT = v1.ROOT
 KEEP = ROOT / "benchmarks" / "results" / "mini_table2_v2_runs"
 PLAN = ROOT / "benchmarks" / "results" / "mini_table2_v2_plan.md"
+RESULTS = ROOT / "benchmarks" / "results" / "mini_table2_v2.md"
 
 SEEDS = tuple(range(10))
 ARMS = ("ibrl", "uni_pool", "uni_sft")
@@ -179,6 +181,240 @@ def status(keep: Path) -> str:
     return head + (f"; next: {', '.join(left[:4])}{' ...' if len(left) > 4 else ''}" if left else "; complete")
 
 
+# ------------------------------------------------------------------------------------------------------------ report
+# The analysis of the pre-registration, written and committed before any v2 outcome existed.
+
+REFERENCE = "ibrl"
+PRIMARY_RIVAL = "uni_pool"
+POWER = {"sd_ibrl": 0.067, "sd_uni_pool": 0.127, "mde_80": 0.135, "power_at": {3.1: 0.10, 5: 0.18, 10: 0.55, 15: 0.88}}
+"""The plan's power analysis (5-seed v1 data, statsmodels TTestIndPower), quoted in the report as computed then."""
+
+
+def load_pairs(keep: Path) -> list[dict]:
+    """Every kept v2 pair with its seat-averaged summary (``v1.load_results`` over the v2 keep)."""
+    return v1.load_results(keep, SEEDS)
+
+
+def _rate(pairs: list[dict], arm: str, seed: int, counterpart: str, key: str) -> float | None:
+    for p in pairs:
+        if p["policy"] == arm and p["seed"] == seed and p["counterpart"] == counterpart and p["kind"] == "held-out":
+            return p["summary"]["averaged"][key]
+    return None
+
+
+def mean_over(pairs: list[dict], arm: str, seed: int, counterparts: Sequence[str], key: str = "agreement"):
+    """The mean over ``counterparts`` of the seat-averaged ``key`` of (arm, seed); None if any is missing.
+
+    ``expected_utility`` counts a no-deal as 0 (agreement × own utility), so it is never undefined; ``agreement``
+    counts a failed or malformed ending as no deal (:func:`marti_ibrl.eval.dond_metrics.summarize`)."""
+    values = [_rate(pairs, arm, seed, c, key) for c in counterparts]
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)
+
+
+def family_value(pairs: list[dict], arm: str, seed: int, family: str, key: str = "agreement") -> float | None:
+    """One family's mean (:data:`FAMILIES`)."""
+    return mean_over(pairs, arm, seed, FAMILIES[family], key)
+
+
+def primary_value(pairs: list[dict], arm: str, seed: int, key: str = "agreement") -> float | None:
+    """Held-out-v2 ``key``: the mean of the three family means (equal family weights), the plan's primary outcome."""
+    fams = [family_value(pairs, arm, seed, f, key) for f in FAMILIES]
+    return None if any(v is None for v in fams) else sum(fams) / len(fams)  # type: ignore[arg-type]
+
+
+def _kind_agreement(pairs: list[dict], arm: str, seed: int, kind: str) -> float | None:
+    got = v1.per_arm([p for p in pairs if p["seed"] == seed], arm, kind)
+    return got[seed]["agreement"] if seed in got else None
+
+
+OUTCOMES = {
+    "held-out-v2 agreement": lambda pairs, a, s: primary_value(pairs, a, s),
+    "self-play agreement": lambda pairs, a, s: _kind_agreement(pairs, a, s, "self-play"),
+    "held-out-v2 expected utility": lambda pairs, a, s: primary_value(pairs, a, s, "expected_utility"),
+    "Δmismatch": lambda pairs, a, s: (
+        None
+        if _kind_agreement(pairs, a, s, "in-system") is None or primary_value(pairs, a, s) is None
+        else _kind_agreement(pairs, a, s, "in-system") - primary_value(pairs, a, s)
+    ),
+}
+"""Each outcome of the plan: one value per training run (arm × seed)."""
+
+SECONDARY = [
+    ("held-out-v2 agreement", "uni_sft"),
+    *((o, a) for o in ("self-play agreement", "held-out-v2 expected utility", "Δmismatch") for a in ARMS[1:]),
+]
+"""The plan's one Holm family of seven secondary tests (outcome, arm vs IB-RL)."""
+
+
+def run_frame(pairs: list[dict], outcome: str, arms: Sequence[str], seeds: Sequence[int] = SEEDS):
+    """``method, seed, value`` for every (arm, seed) with a value of ``outcome``."""
+    import pandas as pd
+
+    rows = [
+        {"method": a, "seed": s, "value": v}
+        for a in arms
+        for s in seeds
+        if (v := OUTCOMES[outcome](pairs, a, s)) is not None
+    ]
+    return pd.DataFrame(rows, columns=["method", "seed", "value"])
+
+
+def welch(pairs: list[dict], outcome: str, arm: str, reference: str = REFERENCE) -> dict:
+    """Welch's t-test over runs of ``arm`` vs ``reference`` on ``outcome`` (a row of ``runs_vs_reference``)."""
+    from marti_ibrl.eval.stats import runs_vs_reference
+
+    df = run_frame(pairs, outcome, [reference, arm])
+    return runs_vs_reference(df, reference).to_dict("records")[0]
+
+
+def reading(row: dict, alpha: float = 0.05) -> str:
+    """The plan's reading of the primary test; ``row`` is ``uni_pool − ibrl`` (Δ = IB-RL − uni_pool = −diff)."""
+    delta, lo, hi = -row["diff"], -row["ci_high"], -row["ci_low"]
+    ci = f"Δ = IB-RL − uni_pool = {delta * 100:+.1f} points [95% CI {lo * 100:+.1f}, {hi * 100:+.1f}], p = {row['p_value']:.3g}"
+    if row["p_value"] < alpha and delta > 0:
+        return f"IB-RL beats the pool baseline on counterparts from outside the training family ({ci})."
+    if row["p_value"] < alpha and delta < 0:
+        return f"The pool baseline beats IB-RL on counterparts from outside the training family ({ci})."
+    bound = " Any difference is smaller than 10 points (the CI lies within ±10)." if lo > -0.10 and hi < 0.10 else ""
+    return f"No difference detected ({ci}); with 10 runs per arm the test has power .8 only for ≥ 13.5 points.{bound}"
+
+
+def secondary_table(pairs: list[dict]) -> tuple[str, list[dict]]:
+    """The seven secondary tests, Holm over the seven."""
+    from marti_ibrl.eval.stats import holm
+
+    rows = [dict(welch(pairs, outcome, arm), outcome=outcome) for outcome, arm in SECONDARY]
+    adjusted, reject = holm([r["p_value"] for r in rows])
+    lines = [
+        "| outcome | arm | IB-RL | arm | Δ = IB-RL − arm [95% CI] | p | p_holm (7 tests) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r, padj, rej in zip(rows, adjusted, reject):
+        r["p_holm"], r["significant"] = float(padj), bool(rej)
+        scale = 1.0 if "utility" in r["outcome"] else 100.0
+        f = (lambda x: f"{x:.3f}") if scale == 1.0 else (lambda x: f"{x * 100:.1f}")
+        lines.append(
+            f"| {r['outcome']} | {r['method']} | {f(r['ref_mean'])} | {f(r['mean'])} | {f(-r['diff'])} "
+            f"[{f(-r['ci_high'])}, {f(-r['ci_low'])}] | {r['p_value']:.3g} | {padj:.3g}{' *' if rej else ''} |"
+        )
+    return "\n".join(lines), rows
+
+
+def family_table(pairs: list[dict], arms: Sequence[str]) -> str:
+    """Exploratory: each family (and the v1 bots, recalibrated) per arm, mean ± sd over runs, Welch p vs IB-RL
+    unadjusted."""
+    import statistics as st
+
+    from scipy import stats
+
+    groups = {**FAMILIES, "v1 (recalibrated)": list(V1_HELDOUT)}
+    lines = ["| arm | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
+    for arm in arms:
+        cells = [arm]
+        for members in groups.values():
+            vals = [v for s in SEEDS if (v := mean_over(pairs, arm, s, members)) is not None]
+            ref = [v for s in SEEDS if (v := mean_over(pairs, REFERENCE, s, members)) is not None]
+            text = "–" if not vals else f"{st.fmean(vals):.3f}" + (f"±{st.stdev(vals):.3f}" if len(vals) > 1 else "")
+            if arm in ARMS and arm != REFERENCE and len(vals) > 1 and len(ref) > 1:
+                text += f" (p {stats.ttest_ind(vals, ref, equal_var=False).pvalue:.2g})"
+            cells.append(text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def counterpart_matrix(pairs: list[dict], arms: Sequence[str], counterparts: Sequence[str]) -> str:
+    """Exploratory: agreement of each arm (mean over its runs) against each counterpart."""
+    import statistics as st
+
+    lines = ["| arm \\ counterpart | " + " | ".join(counterparts) + " |", "|---|" + "---|" * len(counterparts)]
+    for arm in arms:
+        cells = []
+        for c in counterparts:
+            vals = [v for s in SEEDS if (v := _rate(pairs, arm, s, c, "agreement")) is not None]
+            cells.append(f"{st.fmean(vals):.2f}" if vals else "–")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def reproducibility(keep: Path) -> str:
+    """The plan's check: seeds 0-4 retrained with v1's command vs v1's kept reward curves (agent1 and agent2)."""
+    diffs, compared = [], 0
+    for arm in ARMS:
+        for seed in range(5):
+            new, old = keep / "runs" / arm / f"seed{seed}.json", v1.KEEP / "runs" / arm / f"seed{seed}.json"
+            if not (new.exists() and old.exists()):
+                continue
+            a, b = json.loads(new.read_text())["rewards"], json.loads(old.read_text())["rewards"]
+            for key in sorted(set(a) & set(b)):
+                pairs_ = [(x, y) for x, y in zip(a[key], b[key]) if x is not None and y is not None]
+                diffs += [abs(x - y) for x, y in pairs_]
+            compared += 1
+    if not compared:
+        return "Reproducibility: no retrained v1 run to compare."
+    worst = max(diffs) if diffs else 0.0
+    verdict = "identical" if worst == 0 else f"largest difference {worst:.3g}"
+    return f"Reproducibility (seeds 0-4 retrained vs v1's kept reward curves, {compared} runs): {verdict}."
+
+
+def runs_figure(pairs: list[dict], png: Path) -> Path:
+    """Per training run, the primary outcome and each family: points by seed, the mean and its 95% t interval."""
+    from marti_ibrl.eval.figures import _figure, _save
+
+    panels = [("held-out-v2 (primary)", partial(primary_value, pairs))]
+    panels += [(f, partial(mean_over, pairs, counterparts=FAMILIES[f])) for f in FAMILIES]
+    fig = _figure((4.0 * len(panels), 4.2))
+    for k, (title, value) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), k + 1)
+        for i, arm in enumerate(ARMS):
+            vals = [(s, v) for s in SEEDS if (v := value(arm, s)) is not None]
+            if not vals:
+                continue
+            ys = [v for _, v in vals]
+            ax.scatter([i - 0.1] * len(ys), ys, color=f"C{i}", s=16, alpha=0.75)
+            mean, half = v1.t_interval(ys)
+            ax.errorbar(i + 0.15, mean, yerr=half or 0.0, fmt="o", color="black", capsize=4, ms=5)
+        ax.set_xticks(range(len(ARMS)), ARMS)
+        ax.set_ylim(0.0, 1.0)
+        ax.set_title(title, fontsize="medium")
+        ax.grid(alpha=0.3, axis="y")
+        if k == 0:
+            ax.set_ylabel("agreement (seat-averaged), one point per training run")
+    fig.tight_layout()
+    return _save(fig, png)
+
+
+def write_report(keep: Path, results: Path) -> str:
+    """The pre-registered report (only once every unit is kept: :func:`units`)."""
+    pairs = load_pairs(keep)
+    primary = welch(pairs, "held-out-v2 agreement", PRIMARY_RIVAL)
+    secondary, _ = secondary_table(pairs)
+    ledger = json.loads((keep / v1.TIMES).read_text())
+    hours = sum(ledger.values()) / 3600
+    figure = runs_figure(pairs, results.with_name(results.stem + "_runs.png"))
+    policies = [*ARMS, "sft"]
+    text = [
+        "# Mini Table 2, version 2: co-evolution vs counterpart variety",
+        f"Plan: [{PLAN.name}]({PLAN.name}) (committed before the first run). Compute: {hours:.1f} h from the "
+        f"ledger. {reproducibility(keep)}",
+        "## Primary test (pre-registered)\n\nIB-RL vs uni_pool, held-out-v2 agreement (mean of the three family "
+        "means), Welch's t-test over training runs, two-sided, α = .05: "
+        f"IB-RL {primary['ref_mean']:.3f} ({primary['ref_runs']} runs) vs uni_pool {primary['mean']:.3f} "
+        f"({primary['runs']} runs).\n\n**{reading(primary)}**\n\nPower (from the plan): .8 for ≥ 13.5 points, "
+        ".55 for 10 points, .18 for 5 points.",
+        "## Secondary tests (Holm over seven)\n\n" + secondary,
+        "## Families (exploratory; p: Welch vs IB-RL, unadjusted)\n\n" + family_table(pairs, policies),
+        "## Learned counterparts (exploratory)\n\n" + counterpart_matrix(pairs, policies, FAMILIES["learned"]),
+        "## Surface variation (exploratory): marker-only vs phrased, per strategy\n\n"
+        + counterpart_matrix(pairs, policies, [c for b in SCRIPTED for c in (b, f"{b}+phrased")]),
+        f"## Per run\n\n![per run]({figure.name})",
+    ]
+    markdown = "\n\n".join(text) + "\n"
+    results.write_text(markdown)
+    return markdown
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/mini_table2_v2", help="work directory (checkpoints, logs, episodes)")
@@ -186,6 +422,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-dir", default="runs/mini_table2/sft", help="the v1 SFT init (copied from v1's kept one)")
     p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="evaluated seeds to run (default 0-9)")
     p.add_argument("--stage", default="all", choices=["all", "panel", "run", "status", "report"])
+    p.add_argument(
+        "--results", type=Path, default=None, help="report markdown (default benchmarks/results/mini_table2_v2.md)"
+    )
     return p.parse_args(argv)
 
 
@@ -211,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not all(units(keep).values()):
             print("report: not yet (the pre-registered stopping rule: no outcome is shown before every unit is kept)")
             return 0 if args.stage == "all" else 1
-        raise SystemExit("report: to be written with the pre-registered analysis (mini_table2_v2_plan.md)")
+        print(write_report(keep, args.results.resolve() if args.results else RESULTS))
     return 0
 
 
