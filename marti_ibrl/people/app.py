@@ -152,7 +152,8 @@ def create_app(
     async def invalid(_request: Request, exc: RequestValidationError):
         # FastAPI's own 422 ({"detail": [...]}) as one line the page shows: where, and what was expected
         first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or "request"
+        loc = first.get("loc") or ("request",)
+        where = ".".join(str(x) for x in loc[1:] or loc)
         return JSONResponse({"error": f"{where}: {first.get('msg', 'not understood')}"}, status_code=422)
 
     @app.get("/", response_class=HTMLResponse)

@@ -75,7 +75,7 @@ CREATE TABLE actions (
     game_id INTEGER NOT NULL REFERENCES games(id), id TEXT NOT NULL, response TEXT NOT NULL, created REAL NOT NULL,
     PRIMARY KEY (game_id, id));
 INSERT INTO actions (game_id, id, response, created)
-    SELECT game_id, id, response, created FROM actions_by_id WHERE game_id IS NOT NULL;
+    SELECT game_id, id, response, created FROM actions_by_id WHERE game_id IN (SELECT id FROM games);
 DROP TABLE actions_by_id;
 """
 """Databases written before issue 36 keyed an action by its id alone, so another participant's id found their game."""
