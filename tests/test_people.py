@@ -563,7 +563,6 @@ def test_a_second_server_on_the_database_refuses(tmp_path, capsys, monkeypatch) 
     import os
 
     import marti_ibrl.people.app as web
-    from marti_ibrl.people.store import ServerLock
 
     apps, serving, stop = [], threading.Event(), threading.Event()
 
@@ -598,6 +597,8 @@ def test_a_second_server_on_the_database_refuses(tmp_path, capsys, monkeypatch) 
         stop.set()
         first.join(60)
     assert codes == [0]
+    from marti_ibrl.people.store import ServerLock
+
     lock = ServerLock(db)  # released when the first one stopped
     lock.acquire("test")
     lock.release()
@@ -608,8 +609,6 @@ def store_status(db: Path, game_id: int) -> str:
 
 
 def test_a_server_that_cannot_listen_changes_nothing(tmp_path, capsys) -> None:
-    from marti_ibrl.people.store import ServerLock
-
     db = tmp_path / "p.sqlite"
     store = Store(db)
     person = store.new_participant()
@@ -623,6 +622,8 @@ def test_a_server_that_cannot_listen_changes_nothing(tmp_path, capsys) -> None:
     assert err == (f"marti-ibrl play: error: --host 127.0.0.1 --port {port}: cannot listen there (Address already in "
                    "use); is another server on it? Give another --port\n")  # fmt: skip
     assert store.game(live)["status"] == "active"
+    from marti_ibrl.people.store import ServerLock
+
     lock = ServerLock(db)  # released by the server that did not start
     lock.acquire("test")
     lock.release()
