@@ -156,6 +156,19 @@ def test_dond_deal_walk_away_and_bad_input(browser, tmp_path, shots, capsys) -> 
         assert page.input_value("#message") == "<try> item0=9 item1=0 item2=0 <try>"
         page.click("#send")
         wait_text(page, "#error", "exceeds the item counts")
+        # a message over the limit: refused on the page, and by the server (422, 413) when the page's check is
+        # bypassed; the text stays in the box to be shortened
+        long = "x" * 2001 + " <try> item0=0 item1=0 item2=0 <try>"
+        page.fill("#message", long)
+        page.click("#send")
+        wait_text(page, "#error", "message too long: 2,037 characters, at most 2,000: shorten it and send it again")
+        page.evaluate("() => { LIMITS.message = LIMITS.body = 1e9; say(''); }")
+        page.click("#send")
+        wait_text(page, "#error", "message too long: 2,037 characters, at most 2,000: shorten it and send it again")
+        page.fill("#message", "y" * 100_000)
+        page.click("#send")
+        wait_text(page, "#error", "request too large: over 65,536 bytes")
+        assert page.input_value("#message") == "y" * 100_000
         assert store.counts() == before
         # a generous offer through the allocation widget: the bot selects everything it was offered
         page.fill("#message", "All yours.")

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -384,3 +387,243 @@ def test_endpoint_seat_uses_the_openai_client(tmp_path) -> None:
     messages = request["messages"]
     assert [m["role"] for m in messages] == ["system", "user"] and messages[1]["content"].startswith("Hello!")
     assert "item0" in messages[0]["content"]  # the Table 17 role prompt of the policy's role
+
+
+# ---- issue 36: never lose a user's work (limits, concurrency, one server per database, ids) -------------------------
+
+DEAL = "<try> item0=0 item1=0 item2=0 <try>"
+
+
+def test_oversized_message_and_body_refused_and_nothing_stored(dond, tmp_path) -> None:
+    store, game, client = dond
+    person = Player(client)
+    g = person.start()  # game 0: the person opens
+    before = store.counts()
+    r = person.act(g["game_id"], "message", "x" * 2001)
+    assert r.status_code == 422
+    assert r.json()["error"] == "message too long: 2,001 characters, at most 2,000: shorten it and send it again"
+    body = {"participant": person.pid, "action_id": "big", "action": {"kind": "message", "text": DEAL}}
+    r = client.post(f"/api/games/{g['game_id']}/act", json={**body, "pad": "x" * 64 * 1024})
+    assert r.status_code == 413
+    assert (
+        r.json()["error"] == "request too large: over 65,536 bytes (the server's --max-body-bytes); nothing was stored"
+    )
+    r = client.post(f"/api/games/{g['game_id']}/act", json={**body, "pad": "x" * 10 * 1024 * 1024})  # 10 MB
+    assert r.status_code == 413 and store.counts() == before
+    at_limit = "a" * (2000 - len(DEAL) - 1) + " " + DEAL
+    r = person.act(g["game_id"], "message", at_limit)
+    assert r.status_code == 200 and store.game(g["game_id"])["turns"][0]["text"] == at_limit
+    # the limits are the server's flags; the page gets them with common.js, to check before sending
+    small = TestClient(create_app(store, game=game, max_message=10, max_body=8000))
+    assert small.get("/common.js").text.startswith('const LIMITS = {"message": 10, "body": 8000};\n')
+    r = small.post(f"/api/games/{g['game_id']}/act", json={**body, "action": {"kind": "message", "text": "x" * 11}})
+    assert r.status_code == 422 and "11 characters, at most 10" in r.json()["error"]
+    assert main(["play", "--policy", "bot:greedy", "--env", "dond", "--db", str(tmp_path / "x.sqlite"),
+                 "--max-body-bytes", "1000"]) == 2  # fmt: skip
+
+
+def test_oversized_annotation_note_refused(tmp_path) -> None:
+    files, _ = write_calls(tmp_path / "episodes")
+    store = Store(tmp_path / "labels.sqlite")
+    load_calls(store, files)
+    client = TestClient(create_app(store, annotation=Annotation(store)))
+    first = client.get("/api/annotate/next", params={"annotator": "A"}).json()["call_id"]
+    r = client.post(
+        "/api/annotate/label", json={"annotator": "A", "call_id": first, "label": "yes", "note": "n" * 2001}
+    )
+    assert r.status_code == 422 and r.json()["error"].startswith("note too long: 2,001 characters, at most 2,000")
+    assert store.labels() == []
+    r = client.post(
+        "/api/annotate/label", json={"annotator": "A", "call_id": first, "label": "yes", "note": "n" * 2000}
+    )
+    assert r.status_code == 200 and store.labels()[0]["note"] == "n" * 2000
+
+
+def test_a_huge_body_is_refused_before_it_is_read() -> None:
+    """Memory stays bounded: a body over the cap is refused by its Content-Length without a byte read, and a body
+    without one (chunked, here endless) after the first chunk that passes the cap."""
+    import asyncio
+
+    from marti_ibrl.people.app import BodyLimit
+
+    reached, sent, pulled = [], [], [0]
+
+    async def app(scope, receive, send):
+        reached.append(scope)
+
+    async def endless():  # a client that streams 1 MB chunks without end
+        pulled[0] += 1
+        assert pulled[0] < 1000, "the whole stream was read"
+        return {"type": "http.request", "body": b"x" * 2**20, "more_body": True}
+
+    async def send(message):
+        sent.append(message)
+
+    limit = BodyLimit(app, 64 * 1024)
+    scope = {"type": "http", "method": "POST", "path": "/api/games/1/act", "headers": []}
+    asyncio.run(limit(scope, endless, send))
+    assert pulled[0] == 1 and sent[0]["status"] == 413 and not reached
+    pulled[0], sent[:] = 0, []
+    asyncio.run(limit({**scope, "headers": [(b"content-length", b"10485760")]}, endless, send))
+    assert pulled[0] == 0 and sent[0]["status"] == 413 and not reached
+    assert json.loads(sent[1]["body"])["error"].startswith("request too large: over 65,536 bytes")
+
+
+class SlowSeat:
+    """The policy's seat, whose next turn, once ``armed``, waits until ``release`` (a slow checkpoint)."""
+
+    def __init__(self, seat):
+        self.seat, self.armed = seat, False
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def respond(self, *args):
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            self.release.wait(60)
+        return self.seat.respond(*args)
+
+
+def test_a_slow_turn_in_one_game_does_not_block_another(tmp_path) -> None:
+    store = Store(tmp_path / "p.sqlite")
+    game = build_game(play_args())
+    game.seat = slow = SlowSeat(game.seat)
+    client = TestClient(create_app(store, game=game))
+    a, b = Player(client), Player(client)
+    ga, gb = a.start(), b.start()  # game 0: a opens; game 1: the policy opened, b answers
+    answers: dict[str, object] = {}
+    slow.armed = True
+    ta = threading.Thread(target=lambda: answers.update(a=a.act(ga["game_id"], "message", DEAL)))
+    ta.start()
+    assert slow.entered.wait(30)  # the policy is generating its answer in game A ...
+    started = time.monotonic()
+    tb = threading.Thread(target=lambda: answers.update(b=b.act(gb["game_id"], "message", "hi " + DEAL)))
+    tb.start()
+    tb.join(10)  # ... while b moves in game B, and gets the policy's answer
+    b_done, waited = not tb.is_alive(), time.monotonic() - started
+    slow.release.set()
+    ta.join(60)
+    tb.join(60)
+    assert b_done, f"game B waited {waited:.0f} s for game A's turn"
+    assert answers["b"].status_code == 200 and answers["b"].json()["game"]["transcript"][-1]["who"] == "them"
+    assert answers["a"].status_code == 200 and answers["a"].json()["game"]["transcript"][-1]["who"] == "them"
+    assert [len(store.game(g["game_id"])["turns"]) for g in (ga, gb)] == [2, 3]
+
+
+def test_action_ids_count_within_their_game(dond, tmp_path) -> None:
+    store, game, client = dond
+    a, b = Player(client), Player(client)
+    ga, gb = a.start(), b.start()
+    first = a.act(ga["game_id"], "message", "Mine: <try> item0=1 item1=0 item2=0 <try>", action_id="shared").json()
+    r = b.act(gb["game_id"], "walk_away", action_id="shared")  # the same id from another participant: their own action
+    assert r.status_code == 200 and r.json()["duplicate"] is False
+    assert r.json()["game"]["game_id"] == gb["game_id"] and r.json()["game"]["status"] == "finished"
+    assert r.json()["game"]["items"] == gb["items"] and "Mine:" not in json.dumps(r.json())
+    r = b.act(ga["game_id"], "walk_away", action_id="shared")
+    assert r.status_code == 400 and r.json()["error"] == f"game {ga['game_id']} is not yours"
+    again = a.act(ga["game_id"], "message", "Mine: <try> item0=1 item1=0 item2=0 <try>", action_id="shared").json()
+    assert again["duplicate"] is True and again["game"] == first["game"]
+    # a database of before (actions keyed by their id alone) is migrated: its double submits still answered once
+    import sqlite3
+
+    store.close()
+    db = sqlite3.connect(store.path)
+    db.executescript("ALTER TABLE actions RENAME TO a2; CREATE TABLE actions (id TEXT PRIMARY KEY, game_id INTEGER, "
+                     "response TEXT NOT NULL, created REAL NOT NULL); INSERT INTO actions SELECT id, game_id, response, "
+                     f"created FROM a2 WHERE game_id = {ga['game_id']}; DROP TABLE a2;")  # fmt: skip
+    db.close()
+    store = Store(store.path)
+    client = TestClient(create_app(store, game=game))
+    a.client = client
+    again = a.act(ga["game_id"], "message", "Mine: <try> item0=1 item1=0 item2=0 <try>", action_id="shared").json()
+    assert again["duplicate"] is True and again["game"] == first["game"] and store.counts()["actions"] == 1
+
+
+def test_ids_out_of_range_are_404_or_422(dond) -> None:
+    store, game, client = dond
+    person = Player(client)
+    g = person.start()
+    before = store.counts()
+    for bad in (10**23, 2**63, 0, -1, "abc"):
+        r = client.get(f"/api/games/{bad}", params={"participant": person.pid})
+        assert r.status_code == 422 and r.json()["error"].startswith("game_id: "), r.text
+        r = person.act(bad, "walk_away")
+        assert r.status_code == 422 and r.json()["error"].startswith("game_id: "), r.text
+    r = client.get(f"/api/games/{g['game_id'] + 1}", params={"participant": person.pid})
+    assert r.status_code == 404 and r.json() == {"error": f"no game {g['game_id'] + 1}"}
+    r = client.post("/api/games", content=b"[1, 2]", headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"].startswith("body: ")
+    assert store.counts() == before
+
+
+def test_a_second_server_on_the_database_refuses(tmp_path, capsys, monkeypatch) -> None:
+    """A running ``play`` holds its database: a second one (here on the same port too) refuses with one line naming
+    it and leaves its live games alone. Both run ``main`` in this process; ``serve`` is replaced by a stand-in that
+    keeps the first one serving (its app, through the test client) until told to stop."""
+    import os
+
+    import marti_ibrl.people.app as web
+
+    apps, serving, stop = [], threading.Event(), threading.Event()
+
+    def serve(app, *where):
+        apps.append(app)
+        if len(apps) == 1:
+            serving.set()
+            stop.wait(120)
+
+    monkeypatch.setattr(web, "serve", serve)
+    db = tmp_path / "p.sqlite"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["play", "--policy", "bot:greedy", "--env", "dond", "--db", str(db), "--port", str(port)]
+    codes: list[int] = []
+    first = threading.Thread(target=lambda: codes.append(main(args)))
+    first.start()
+    try:
+        assert serving.wait(120), "the first server did not start"
+        person = Player(TestClient(apps[0]))
+        live = person.start()
+        capsys.readouterr()
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err == (f"marti-ibrl play: error: {db} is served by another `marti-ibrl` server (pid {os.getpid()} on "
+                       f"{socket.gethostname()}, since {err.split('since ')[1][:23]}, at http://127.0.0.1:{port}/); "
+                       "stop it, or give another --db\n")  # fmt: skip
+        assert store_status(db, live["game_id"]) == "active" and len(apps) == 1
+        assert person.act(live["game_id"], "message", DEAL).json()["game"]["status"] == "active"
+    finally:
+        stop.set()
+        first.join(60)
+    assert codes == [0]
+    from marti_ibrl.people.store import ServerLock
+
+    lock = ServerLock(db)  # released when the first one stopped
+    lock.acquire("test")
+    lock.release()
+
+
+def store_status(db: Path, game_id: int) -> str:
+    return Store(db).game(game_id)["status"]
+
+
+def test_a_server_that_cannot_listen_changes_nothing(tmp_path, capsys) -> None:
+    db = tmp_path / "p.sqlite"
+    store = Store(db)
+    person = store.new_participant()
+    live = build_game(play_args()).start(store, person)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["play", "--policy", "bot:greedy", "--env", "dond", "--db", str(db), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"marti-ibrl play: error: --host 127.0.0.1 --port {port}: cannot listen there (Address already in "
+                   "use); is another server on it? Give another --port\n")  # fmt: skip
+    assert store.game(live)["status"] == "active"
+    from marti_ibrl.people.store import ServerLock
+
+    lock = ServerLock(db)  # released by the server that did not start
+    lock.acquire("test")
+    lock.release()

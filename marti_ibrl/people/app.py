@@ -11,19 +11,22 @@ Access: bound to 127.0.0.1 unless told otherwise; any other host needs a token (
 pages read it from their URL (``/?token=...``) and send it as ``X-Token`` with every request; a request without the
 right one is refused (403) and the page says so.
 
-Every refused action answers ``{"error": reason}`` (HTTP 400) and stores nothing (:class:`~.store.Rejected`).
+Every refused action answers ``{"error": reason}`` and stores nothing (:class:`~.store.Rejected`): HTTP 400, 404 for
+a game that is not there, 422 for a message over ``--max-message-chars`` or an id that is not one, 413 for a request
+body over ``--max-body-bytes`` (refused before it is read whole, :class:`BodyLimit`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
-import threading
+import socket
 from pathlib import Path
 from typing import Any
 
-from marti_ibrl.people.store import Rejected, Store
+from marti_ibrl.people.store import MAX_ID, Rejected, Store
 
 TOKEN_ENV = "MARTI_IBRL_PEOPLE_TOKEN"
 """Where ``play`` / ``annotate`` read the token when ``--token`` is not given."""
@@ -46,19 +49,91 @@ def check_bind(host: str, token: str | None) -> None:
         )
 
 
-def create_app(store: Store, game: Any = None, annotation: Any = None, token: str | None = None):
+MAX_MESSAGE = 2000
+"""The longest message (``play``: a turn's text; ``annotate``: a note) in characters (``--max-message-chars``)."""
+MAX_BODY = 64 * 1024
+"""The largest request body in bytes (``--max-body-bytes``): refused (413) before it is read whole."""
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` is refused (413, ``{"error": ...}``) before it is read whole:
+    at once when its ``Content-Length`` says so, else (chunked, or a length that lied) as soon as the bytes received
+    pass the cap. The app then reads the body from the bytes buffered here (never more than the cap and one chunk)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_bytes:
+            return await self.refuse(scope, send)
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left
+                return None
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await self.refuse(scope, send)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+    async def refuse(self, scope: dict, send: Any) -> None:
+        from starlette.responses import JSONResponse
+
+        error = f"request too large: over {self.max_bytes:,} bytes (the server's --max-body-bytes); nothing was stored"
+        response = JSONResponse({"error": error}, status_code=413, headers={"Connection": "close"})
+        await response(scope, None, send)
+
+
+def check_text(what: str, value: Any, limit: int) -> str:
+    """``value`` as the text of a message, or :class:`Rejected` (422) if it is not text or over ``limit`` characters."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise Rejected(f"{what}: expected text, got {type(value).__name__}", status=422)
+    if len(value) > limit:
+        raise Rejected(f"{what} too long: {len(value):,} characters, at most {limit:,}: shorten it and send it again",
+                       status=422)  # fmt: skip
+    return value
+
+
+def create_app(
+    store: Store,
+    game: Any = None,
+    annotation: Any = None,
+    token: str | None = None,
+    max_message: int = MAX_MESSAGE,
+    max_body: int = MAX_BODY,
+):
     """The app: ``game`` (a :class:`~.games.Game`) serves the play page, ``annotation`` (an
-    :class:`~.annotate.Annotation`) the annotation page; one of them."""
+    :class:`~.annotate.Annotation`) the annotation page; one of them. ``max_message``: the longest message in
+    characters (:data:`MAX_MESSAGE`), ``max_body``: the largest request body in bytes (:data:`MAX_BODY`)."""
     from fastapi import Body, FastAPI, Request
+    from fastapi import Path as PathParam
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
 
     if (game is None) == (annotation is None):
         raise ValueError("create_app serves either a game or an annotation")
     app = FastAPI(title="marti-ibrl people", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=max_body)
     page = (STATIC / ("play.html" if game is not None else "annotate.html")).read_text(encoding="utf-8")
-    common = (STATIC / "common.js").read_text(encoding="utf-8")
+    limits = {"message": max_message, "body": max_body}  # what the pages check before sending (common.js)
+    common = f"const LIMITS = {json.dumps(limits)};\n" + (STATIC / "common.js").read_text(encoding="utf-8")
     JSON_BODY = Body(...)  # noqa: N806 (FastAPI's marker of a JSON request body)
-    lock = threading.Lock()  # one action at a time: a game's state is replayed, extended and stored as one step
+    GAME_ID = PathParam(ge=1, le=MAX_ID)  # noqa: N806 (a game id: SQLite's integers; anything else is a 422)
 
     @app.middleware("http")
     async def require_token(request: Request, call_next):
@@ -71,7 +146,15 @@ def create_app(store: Store, game: Any = None, annotation: Any = None, token: st
 
     @app.exception_handler(Rejected)
     async def rejected(_request: Request, exc: Rejected):
-        return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError):
+        # FastAPI's own 422 ({"detail": [...]}) as one line the page shows: where, and what was expected
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = first.get("loc") or ("request",)
+        where = ".".join(str(x) for x in loc[1:] or loc)
+        return JSONResponse({"error": f"{where}: {first.get('msg', 'not understood')}"}, status_code=422)
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> str:
@@ -80,12 +163,6 @@ def create_app(store: Store, game: Any = None, annotation: Any = None, token: st
     @app.get("/common.js")
     def common_js() -> Response:  # what both pages share (token, the API call); no token needed, as for the page
         return Response(common, media_type="text/javascript")
-
-    def own_game(game_id: int, participant: str) -> dict[str, Any]:
-        row = store.game(game_id)
-        if row["participant"] != participant:
-            raise Rejected(f"game {game_id} is not yours")
-        return row
 
     if game is not None:
 
@@ -98,22 +175,23 @@ def create_app(store: Store, game: Any = None, annotation: Any = None, token: st
             pid = str(body.get("participant", ""))
             if not store.has_participant(pid):
                 raise Rejected("unknown participant: reload the page")
-            with lock:
-                game_id = game.start(store, pid)
-            return {"game": game.view(store.game(game_id))}
+            return {"game": game.view(store.game(game.start(store, pid)))}
 
         @app.get("/api/games/{game_id}")
-        def show_game(game_id: int, participant: str) -> dict[str, Any]:
-            return {"game": game.view(own_game(game_id, participant))}
+        def show_game(participant: str, game_id: int = GAME_ID) -> dict[str, Any]:
+            row = store.game(game_id)
+            if row["participant"] != participant:
+                raise Rejected(f"game {game_id} is not yours")
+            return {"game": game.view(row)}
 
         @app.post("/api/games/{game_id}/act")
-        def act(game_id: int, body: dict = JSON_BODY) -> dict[str, Any]:
+        def act(game_id: int = GAME_ID, body: dict = JSON_BODY) -> dict[str, Any]:
             action = body.get("action")
             if not isinstance(action, dict):
                 raise Rejected("no action")
-            with lock:
-                own_game(game_id, str(body.get("participant", "")))
-                return store.submit(game_id, str(body.get("action_id", "")), lambda row: game.act(row, action))
+            action = {**action, "text": check_text("message", action.get("text"), max_message)}
+            participant, action_id = str(body.get("participant", "")), str(body.get("action_id", ""))
+            return store.submit(game_id, participant, action_id, lambda row: game.act(row, action))
 
     else:
 
@@ -130,16 +208,33 @@ def create_app(store: Store, game: Any = None, annotation: Any = None, token: st
         @app.post("/api/annotate/label")
         def label(body: dict = JSON_BODY) -> dict[str, Any]:
             name = annotator_name(body.get("annotator"))
-            with lock:
-                stored = store.label(name, str(body.get("call_id", "")), str(body.get("label", "")),
-                                     str(body.get("note", "") or "")[:2000])  # fmt: skip
+            note = check_text("note", body.get("note"), max_message)
+            stored = store.label(name, str(body.get("call_id", "")), str(body.get("label", "")), note)
             return {**stored, **annotation.next_call(name)}
 
     return app
 
 
-def serve(app, host: str, port: int) -> None:
-    """Run ``app`` with uvicorn until interrupted."""
+def bind(host: str, port: int) -> socket.socket:
+    """The app's listening socket, bound before the server changes anything (``ValueError``: the port is taken)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ValueError(f"--host {host}: {e.strerror or e}") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(128)  # the port is this server's from now on (uvicorn serves the connections waiting here)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"--host {host} --port {port}: cannot listen there ({e.strerror}); is another server on "
+                         "it? Give another --port") from None  # fmt: skip
+    return sock
+
+
+def serve(app, sock: socket.socket) -> None:
+    """Run ``app`` with uvicorn on the socket of :func:`bind` until interrupted."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

@@ -16,12 +16,31 @@ from typing import Any
 
 
 def _bind_arguments(p: argparse.ArgumentParser) -> None:
-    from marti_ibrl.people.app import TOKEN_ENV
+    from marti_ibrl.people.app import MAX_BODY, MAX_MESSAGE, TOKEN_ENV
 
     p.add_argument("--db", required=True, help="the SQLite file (created if new)")
     p.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--token", default=None, help=f"required off 127.0.0.1 (or set {TOKEN_ENV}); link: /?token=...")
+    p.add_argument("--max-message-chars", type=int, default=MAX_MESSAGE,
+                   help=f"longest message (play) or note (annotate) a page may send; longer is refused (default "
+                        f"{MAX_MESSAGE})")  # fmt: skip
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=MAX_BODY,
+        help=f"largest request body; larger is refused before it is read (default {MAX_BODY})",
+    )
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    """``--max-message-chars`` and ``--max-body-bytes`` (``ValueError`` with the reason)."""
+    if args.max_message_chars < 1:
+        raise ValueError(f"--max-message-chars {args.max_message_chars}: expected a number of characters >= 1")
+    room = 6 * args.max_message_chars + 4096  # a character takes up to 6 bytes JSON-escaped (\uXXXX), plus the rest
+    if args.max_body_bytes < room:
+        raise ValueError(f"--max-body-bytes {args.max_body_bytes}: too small for --max-message-chars "
+                         f"{args.max_message_chars}; expected at least {room}")  # fmt: skip
 
 
 def add_people_parsers(subparsers: Any) -> None:
@@ -123,24 +142,38 @@ def build_game(args: argparse.Namespace):
 
 
 def cmd_play(args: argparse.Namespace) -> int:
-    from marti_ibrl.people.app import check_bind, create_app, resolve_token, serve
-    from marti_ibrl.people.store import Store
+    """Serve the play page. The database is this server's alone (:class:`~.store.ServerLock`, taken first: a second
+    server on it refuses, naming the first); the earlier session's unfinished games are marked abandoned only once the
+    lock is held and the port bound, so a server that does not start changes nothing."""
+    from marti_ibrl.people.app import bind, check_bind, create_app, resolve_token, serve
+    from marti_ibrl.people.store import ServerLock, Store
 
     token = resolve_token(args.token)
     if why := _missing_web():
         return _fail("play", why)
+    lock = ServerLock(args.db)
     try:
         check_bind(args.host, token)
+        _check_limits(args)
+        lock.acquire(f"http://{args.host}:{args.port}/")
         game = build_game(args)
+        sock = bind(args.host, args.port)
     except ValueError as e:
+        lock.release()
         return _fail("play", str(e))
-    store = Store(args.db)
-    left = store.abandon_active()
-    if left:
-        print(f"{left} unfinished game(s) of an earlier session marked abandoned", file=sys.stderr)
-    link = f"http://{args.host}:{args.port}/" + (f"?token={token}" if token else "")
-    print(f"playing {game.policy} ({args.env}) at {link}; games stored in {args.db}", file=sys.stderr)
-    serve(create_app(store, game=game, token=token), args.host, args.port)
+    try:
+        store = Store(args.db)
+        left = store.abandon_active()
+        if left:
+            print(f"{left} unfinished game(s) of an earlier session marked abandoned", file=sys.stderr)
+        link = f"http://{args.host}:{args.port}/" + (f"?token={token}" if token else "")
+        print(f"playing {game.policy} ({args.env}) at {link}; games stored in {args.db}", file=sys.stderr)
+        app = create_app(
+            store, game=game, token=token, max_message=args.max_message_chars, max_body=args.max_body_bytes
+        )
+        serve(app, sock)
+    finally:
+        lock.release()
     return 0
 
 
@@ -155,7 +188,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         print(report_markdown(report(Store(args.db))), end="")
         return 0
     from marti_ibrl.people.annotate import Annotation, load_calls
-    from marti_ibrl.people.app import check_bind, create_app, resolve_token, serve
+    from marti_ibrl.people.app import bind, check_bind, create_app, resolve_token, serve
 
     if not args.blind:
         return _fail("annotate", "only blind annotation is supported: pass --blind (methods and labels are hidden)")
@@ -164,14 +197,18 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         return _fail("annotate", why)
     try:
         check_bind(args.host, token)
+        _check_limits(args)
         store = Store(args.db)
         added, known = load_calls(store, args.episodes)
+        total = len(store.calls())
+        if not total:
+            raise ValueError("no calls to annotate: give `telesales eval` episode files")
+        sock = bind(args.host, args.port)
     except ValueError as e:
         return _fail("annotate", str(e))
-    total = len(store.calls())
-    if not total:
-        return _fail("annotate", "no calls to annotate: give `telesales eval` episode files")
     link = f"http://{args.host}:{args.port}/" + (f"?token={token}" if token else "")
     print(f"{added} calls added ({known} already there, {total} in all); annotate at {link}", file=sys.stderr)
-    serve(create_app(store, annotation=Annotation(store), token=token), args.host, args.port)
+    app = create_app(store, annotation=Annotation(store), token=token, max_message=args.max_message_chars,
+                     max_body=args.max_body_bytes)  # fmt: skip
+    serve(app, sock)
     return 0

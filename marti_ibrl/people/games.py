@@ -67,17 +67,30 @@ class Game:
 
     # -- shared ----------------------------------------------------------------------------------------------
     def start(self, store: Store, participant: str) -> int:
-        """A new game for ``participant`` (the policy's opening turn included); its id."""
-        k = store.count_games(self.env_name)
-        uid, scenario_json, scenario, human_role, seats = self.draw(k)
+        """A new game for ``participant``, the policy's opening turn included (generated under the game's own lock,
+        as :meth:`act`'s turns: other games go on meanwhile); its id."""
+        game_id = store.new_game(participant, self.env_name, self.policy, self.columns)
+        try:
+            store.open_game(game_id, self.open)
+        except BaseException:  # no opening turn (the seat failed): never a game to play on, nor to count
+            store.abandon_active(game_id=game_id)
+            raise
+        return game_id
+
+    def columns(self, k: int) -> dict[str, Any]:
+        """The stored columns of the ``k``-th game (:meth:`draw`)."""
+        uid, scenario_json, _, human_role, seats = self.draw(k)
         policy_role = next(r for r in self.env.roles if r != human_role)
-        state = self.env.new_state(scenario, seats)
-        turns = self.policy_turns(state, scenario, uid, seats, [], policy_role)
-        outcome = self.outcome(state) if self.done(state) else None
-        return store.create_game(
-            participant, self.env_name, self.policy, uid, scenario_json, human_role, policy_role, seats, turns,
-            status="finished" if outcome else "active", outcome=outcome,
-        )  # fmt: skip
+        return {"scenario_uid": uid, "scenario": scenario_json, "human_role": human_role,
+                "policy_role": policy_role, "seats": seats}  # fmt: skip
+
+    def open(self, game: dict[str, Any]) -> tuple[list[dict], dict | None, dict]:
+        """The policy's opening turns of a new game (none when the person opens): (turns, outcome if it ended, {})."""
+        state = self.replay(game)
+        turns = self.policy_turns(
+            state, self.scenario(game), game["scenario_uid"], game["seats"], [], game["policy_role"]
+        )
+        return turns, self.outcome(state) if self.done(state) else None, {}
 
     def replay(self, game: dict[str, Any]) -> Any:
         """The environment's state after the stored turns."""

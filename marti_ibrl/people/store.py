@@ -9,19 +9,25 @@ Tables (every time is Unix seconds, UTC):
   (the person started another game, or the server restarted). Only finished games are ever counted;
 * ``turns(game_id, idx, role, text, valid, resamples, created)``: the transcript, each turn committed as it is
   played;
-* ``actions(id, game_id, response, created)``: every action a page submitted, by the id the page gave it: a second
-  submit of the same id (a double click, a resent request) gets the first answer back and changes nothing;
+* ``actions(game_id, id, response, created)``: every action a page submitted, by the id the page gave it, within its
+  game (so within its participant: only they act on it): a second submit of the same id to the same game (a double
+  click, a resent request) gets the first answer back and changes nothing; the same id in another game is another
+  action;
 * ``calls(id, source, episode_id, policy, profile_id, simulator_label, record)``: recorded TeleSales calls to
   annotate (``record``: the ``telesales eval`` episode line; ``id``: an opaque hash, what annotators see);
 * ``labels(annotator, call_id, label, note, created)``: one label per annotator and call.
 
 A :class:`Store` is safe to share between the server's threads: one connection, one lock, one transaction per call.
+The policy's turns are generated outside that lock, under a lock of their game only (:meth:`Store.submit`): a slow
+turn keeps no other game waiting. One server at a time serves a database (:class:`ServerLock`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import socket
 import sqlite3
 import threading
 import time
@@ -33,6 +39,11 @@ from typing import Any
 LABELS = ("yes", "no", "unclear")
 """An annotator's answer to "consented to add WeChat?"."""
 ACTIVE, FINISHED, ABANDONED = "active", "finished", "abandoned"
+MAX_ID = 2**63 - 1
+"""SQLite's largest integer: no game id beyond it."""
+Play = Callable[[dict[str, Any]], tuple[list[dict], "dict | None", dict]]
+"""``play(game) -> (new turns, outcome or None while the game goes on, response)``: one step of a game
+(:meth:`Store.submit`)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS participants (id TEXT PRIMARY KEY, created REAL NOT NULL);
@@ -46,7 +57,8 @@ CREATE TABLE IF NOT EXISTS turns (
     game_id INTEGER NOT NULL REFERENCES games(id), idx INTEGER NOT NULL, role TEXT NOT NULL, text TEXT NOT NULL,
     valid INTEGER NOT NULL, resamples INTEGER NOT NULL, created REAL NOT NULL, PRIMARY KEY (game_id, idx));
 CREATE TABLE IF NOT EXISTS actions (
-    id TEXT PRIMARY KEY, game_id INTEGER, response TEXT NOT NULL, created REAL NOT NULL);
+    game_id INTEGER NOT NULL REFERENCES games(id), id TEXT NOT NULL, response TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (game_id, id));
 CREATE TABLE IF NOT EXISTS calls (
     id TEXT PRIMARY KEY, source TEXT NOT NULL, episode_id TEXT NOT NULL, policy TEXT NOT NULL,
     profile_id TEXT NOT NULL, simulator_label TEXT NOT NULL, record TEXT NOT NULL, UNIQUE (source, episode_id));
@@ -57,8 +69,63 @@ CREATE TABLE IF NOT EXISTS labels (
 """
 
 
+_ACTIONS_BY_ID_ALONE = """
+ALTER TABLE actions RENAME TO actions_by_id;
+CREATE TABLE actions (
+    game_id INTEGER NOT NULL REFERENCES games(id), id TEXT NOT NULL, response TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (game_id, id));
+INSERT INTO actions (game_id, id, response, created)
+    SELECT game_id, id, response, created FROM actions_by_id WHERE game_id IN (SELECT id FROM games);
+DROP TABLE actions_by_id;
+"""
+"""Databases written before issue 36 keyed an action by its id alone, so another participant's id found their game."""
+
+
 class Rejected(ValueError):
-    """An action refused with one clear reason (shown on the page); nothing was stored."""
+    """An action refused with one clear reason (shown on the page); nothing was stored. ``status``: the HTTP status
+    the app answers with (400 unless said: 404 no such thing, 413 / 422 too large)."""
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class ServerBusy(ValueError):
+    """Another server holds the database (:class:`ServerLock`); the message names it."""
+
+
+class ServerLock:
+    """The one server of the database at ``db``: an exclusive ``flock`` on ``DB.lock`` beside it, held while the
+    server runs and released by the system when its process ends, however it ends (a stale file locks nothing). The
+    owner writes its pid, host, start time and link into the file, so a second server can say who holds it."""
+
+    def __init__(self, db: str | Path) -> None:
+        self.db = Path(db)
+        self.path = Path(f"{self.db}.lock")
+        self._fd: int | None = None
+
+    def acquire(self, link: str) -> None:
+        """Hold the lock, or :class:`ServerBusy` naming the owner (nothing else is touched)."""
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = os.read(fd, 1000).decode("utf-8", "replace").strip() or "a process that wrote nothing yet"
+            os.close(fd)
+            raise ServerBusy(f"{self.db} is served by another `marti-ibrl` server ({owner}); stop it, or give "
+                             "another --db") from None  # fmt: skip
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}, at {link}".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the file releases the lock; the file stays (deleting it would race)
+            self._fd = None
 
 
 class Store:
@@ -72,7 +139,10 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
+        if [r["name"] for r in self._db.execute("PRAGMA table_info(actions)") if r["pk"]] == ["id"]:
+            self._db.executescript(f"BEGIN IMMEDIATE; {_ACTIONS_BY_ID_ALONE} COMMIT;")
         self._lock = threading.RLock()
+        self._game_locks: dict[int, threading.Lock] = {}  # one action per game at a time (submit)
 
     def close(self) -> None:
         self._db.close()
@@ -110,9 +180,13 @@ class Store:
         """Games of ``env`` ever started (any status): the index the next one draws its scenario and seats by."""
         return self._rows("SELECT COUNT(*) AS n FROM games WHERE env = ?", (env,))[0]["n"]
 
-    def abandon_active(self, participant: str | None = None) -> int:
-        """Mark the active games (of ``participant``, or all) abandoned; how many."""
-        where, args = ("AND participant = ?", (participant,)) if participant else ("", ())
+    def abandon_active(self, participant: str | None = None, game_id: int | None = None) -> int:
+        """Mark the active games (of ``participant``, the game ``game_id``, or all) abandoned; how many."""
+        where, args = "", []
+        if participant:
+            where, args = where + " AND participant = ?", [*args, participant]
+        if game_id is not None:
+            where, args = where + " AND id = ?", [*args, game_id]
         with self._tx() as db:
             cur = db.execute(f"UPDATE games SET status = 'abandoned', ended = ? WHERE status = 'active' {where}",
                              (time.time(), *args))  # fmt: skip
@@ -134,17 +208,39 @@ class Store:
     ) -> int:
         """A new game with its first turns (the policy's, when it opens); the participant's unfinished games are
         abandoned in the same transaction."""
+        columns = {"scenario_uid": scenario_uid, "scenario": scenario, "human_role": human_role,
+                   "policy_role": policy_role, "seats": seats}  # fmt: skip
+        return self._insert_game(participant, env, policy, lambda _k: columns, turns, status, outcome)
+
+    def new_game(self, participant: str, env: str, policy: str, draw: Callable[[int], dict[str, Any]]) -> int:
+        """A new active game of ``participant``, with no turn yet (the policy's opening ones follow by
+        :meth:`open_game`). ``draw(k)`` gives its ``scenario_uid``, ``scenario``, ``human_role``, ``policy_role`` and
+        ``seats``, ``k`` being the number of ``env`` games before it, counted in the same transaction: two games
+        started at once never draw the same ``k``. The participant's unfinished games are abandoned in it too."""
+        return self._insert_game(participant, env, policy, draw, [], ACTIVE, None)
+
+    def _insert_game(
+        self,
+        participant: str,
+        env: str,
+        policy: str,
+        draw: Callable[[int], dict[str, Any]],
+        turns: list[dict[str, Any]],
+        status: str,
+        outcome: dict | None,
+    ) -> int:
         if not self.has_participant(participant):
             raise Rejected(f"unknown participant {participant!r}: reload the page")
         now = time.time()
         with self._tx() as db:
+            c = draw(db.execute("SELECT COUNT(*) FROM games WHERE env = ?", (env,)).fetchone()[0])
             db.execute("UPDATE games SET status = 'abandoned', ended = ? WHERE status = 'active' AND participant = ?",
                        (now, participant))  # fmt: skip
             cur = db.execute(
                 "INSERT INTO games (participant, env, policy, scenario_uid, scenario, human_role, policy_role, seats,"
                 " status, outcome, created, ended) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (participant, env, policy, scenario_uid, json.dumps(scenario), human_role, policy_role,
-                 json.dumps(seats), status, json.dumps(outcome) if outcome else None, now,
+                (participant, env, policy, c["scenario_uid"], json.dumps(c["scenario"]), c["human_role"],
+                 c["policy_role"], json.dumps(c["seats"]), status, json.dumps(outcome) if outcome else None, now,
                  now if status != ACTIVE else None),
             )  # fmt: skip
             game_id = int(cur.lastrowid)
@@ -158,10 +254,10 @@ class Store:
                        (game_id, i, t["role"], t["text"], int(t.get("valid", True)), int(t.get("resamples", 0)), now))  # fmt: skip
 
     def game(self, game_id: int) -> dict[str, Any]:
-        """A game with its ``turns`` (JSON columns decoded); :class:`Rejected` if there is none."""
-        rows = self._rows("SELECT * FROM games WHERE id = ?", (game_id,))
+        """A game with its ``turns`` (JSON columns decoded); :class:`Rejected` (404) if there is none."""
+        rows = self._rows("SELECT * FROM games WHERE id = ?", (game_id,)) if 0 < game_id <= MAX_ID else []
         if not rows:
-            raise Rejected(f"no game {game_id}")
+            raise Rejected(f"no game {game_id}", status=404)
         game = rows[0]
         for key in ("scenario", "seats", "outcome"):
             game[key] = json.loads(game[key]) if game[key] is not None else None
@@ -181,33 +277,59 @@ class Store:
             sql, args = sql + " AND status = ?", [*args, status]
         return [self.game(r["id"]) for r in self._rows(sql + " ORDER BY id", args)]
 
-    def submit(
-        self, game_id: int, action_id: str, play: Callable[[dict[str, Any]], tuple[list[dict], dict | None, dict]]
-    ) -> dict[str, Any]:
-        """Apply one action of the page to an active game, once.
+    def submit(self, game_id: int, participant: str, action_id: str, play: Play) -> dict[str, Any]:
+        """Apply one action of ``participant``'s page to their active game ``game_id``, once.
 
         ``play(game)`` returns ``(new turns, outcome or None while the game goes on, response)``, or raises
-        :class:`Rejected` (nothing is stored). The turns, the game's end and ``response`` are stored in one
-        transaction; a second submit of ``action_id`` returns the stored response with ``duplicate: true``.
+        :class:`Rejected` (nothing is stored). It runs under this game's own lock, not the store's: the policy's turn
+        may take long, and keeps no other game waiting. The turns, the game's end and ``response`` are then stored in
+        one transaction; a second submit of ``action_id`` to this game returns the stored response with
+        ``duplicate: true`` (an action id counts within its game, which only its participant may act on).
         """
         if not action_id or len(action_id) > 100:
             raise Rejected("the page sent no action id: reload the page")
-        with self._lock:
-            done = self._rows("SELECT response FROM actions WHERE id = ?", (action_id,))
+        with self._game_lock(game_id):
+            game = self.game(game_id)
+            if game["participant"] != participant:
+                raise Rejected(f"game {game_id} is not yours")
+            done = self._rows("SELECT response FROM actions WHERE game_id = ? AND id = ?", (game_id, action_id))
             if done:
                 return {**json.loads(done[0]["response"]), "duplicate": True}
-            game = self.game(game_id)
-            if game["status"] != ACTIVE:
-                raise Rejected(f"this game is {game['status']}: start a new one")
-            turns, outcome, response = play(game)
-            now = time.time()
-            with self._tx() as db:
-                self._insert_turns(db, game_id, len(game["turns"]), turns, now)
-                if outcome is not None:
-                    db.execute("UPDATE games SET status = 'finished', outcome = ?, ended = ? WHERE id = ?",
-                               (json.dumps(outcome), now, game_id))  # fmt: skip
-                db.execute("INSERT INTO actions VALUES (?, ?, ?, ?)", (action_id, game_id, json.dumps(response), now))
+            response = self._play(game, play, action_id)
         return {**response, "duplicate": False}
+
+    def open_game(self, game_id: int, play: Play) -> None:
+        """The policy's opening turns of a game of :meth:`new_game` (none when the person opens), generated and
+        stored as :meth:`submit` does."""
+        with self._game_lock(game_id):
+            self._play(self.game(game_id), play, None)
+
+    def _game_lock(self, game_id: int) -> threading.Lock:
+        with self._lock:
+            return self._game_locks.setdefault(game_id, threading.Lock())
+
+    def _play(self, game: dict[str, Any], play: Play, action_id: str | None) -> dict[str, Any]:
+        """``play(game)`` outside the store's lock, then its turns stored, if the game is still as it was read (not
+        abandoned meanwhile by its participant's next game)."""
+        if game["status"] != ACTIVE:
+            raise Rejected(f"this game is {game['status']}: start a new one")
+        turns, outcome, response = play(game)
+        game_id, now = game["id"], time.time()
+        with self._tx() as db:
+            (status,) = db.execute("SELECT status FROM games WHERE id = ?", (game_id,)).fetchone()
+            (n,) = db.execute("SELECT COUNT(*) FROM turns WHERE game_id = ?", (game_id,)).fetchone()
+            if status != ACTIVE:
+                raise Rejected(f"this game was {status} meanwhile (you started another): start a new one")
+            if n != len(game["turns"]):
+                raise Rejected("this game went on meanwhile: reload the page")
+            self._insert_turns(db, game_id, n, turns, now)
+            if outcome is not None:
+                db.execute("UPDATE games SET status = 'finished', outcome = ?, ended = ? WHERE id = ?",
+                           (json.dumps(outcome), now, game_id))  # fmt: skip
+            if action_id is not None:
+                db.execute("INSERT INTO actions (game_id, id, response, created) VALUES (?, ?, ?, ?)",
+                           (game_id, action_id, json.dumps(response), now))  # fmt: skip
+        return response
 
     # -- calls and labels ------------------------------------------------------------------------------------
 
