@@ -16,7 +16,7 @@ def _commit(k: int = 3) -> Commit:
         seed=7,
         updates={"agent1": 3, "agent2": 1},
         sampler={"epoch": 1, "position": 2},
-        pools={"agent1": {"role": "agent1", "size": 2, "eviction": "fifo", "members": []}},
+        pools={"agent1": {"role": "agent1", "size": 2, "eviction": "oldest", "members": []}},
         history=[{"iteration": i, "agent1/reward": 0.5 * i} for i in range(1, k + 1)],
         rollout_log=[{"iteration": i, "configuration": "both"} for i in range(1, k + 1)],
     )

@@ -20,23 +20,17 @@ from marti_ibrl.algorithm.pool import (
     sample_configuration,
 )
 
-try:
-    from scipy.stats import chisquare
-except ImportError:  # pragma: no cover - scipy is in the venv; the fallback keeps the test meaningful without it
-    chisquare = None
+from scipy.stats import chisquare  # scipy is a dependency (statsmodels'): no fallback that could pass vacuously
 
-CRIT_999_2DOF = 13.816  # chi-square 99.9% quantile, 2 degrees of freedom (the fallback's acceptance bound)
+CRIT_999_2DOF = 13.816  # chi-square 99.9% quantile, 2 degrees of freedom
 ROLES = ("agent1", "agent2")
 
 
-def _chi2(observed: list[int], probs: list[float]) -> tuple[float, float | None]:
-    """(statistic, p-value or None without scipy) of a goodness-of-fit test of ``observed`` counts against ``probs``."""
+def _chi2(observed: list[int], probs: list[float]) -> tuple[float, float]:
+    """(statistic, p-value) of a goodness-of-fit test of ``observed`` counts against ``probs``."""
     n = sum(observed)
-    expected = [n * p for p in probs]
-    if chisquare is not None:
-        res = chisquare(observed, expected)
-        return float(res.statistic), float(res.pvalue)
-    return sum((o - e) ** 2 / e for o, e in zip(observed, expected)), None
+    res = chisquare(observed, [n * p for p in probs])
+    return float(res.statistic), float(res.pvalue)
 
 
 def _draw_counts(roles: tuple[str, ...], probs: list[float], n: int, seed: int) -> list[int]:
@@ -92,19 +86,10 @@ def test_sample_configuration_matches_eq6_probabilities() -> None:
     probs = [0.7, 0.2, 0.1]
     observed = _draw_counts(ROLES, probs, 10_000, seed=1234)
     stat, p = _chi2(observed, probs)
-    if p is not None:
-        assert p > 1e-3, (observed, stat, p)
-    assert stat < CRIT_999_2DOF, (observed, stat)
+    assert p > 1e-3 and stat < CRIT_999_2DOF, (observed, stat, p)
     # the same draws against a wrong expectation are rejected: the test can fail
     stat_bad, p_bad = _chi2(observed, [0.5, 0.3, 0.2])
-    if p_bad is not None:
-        assert p_bad < 1e-6, (observed, stat_bad, p_bad)
-    assert stat_bad > 100 * CRIT_999_2DOF, (observed, stat_bad)
-
-
-def test_scipy_is_available_for_the_goodness_of_fit_test() -> None:
-    # documents which branch of _chi2 runs here; the venv ships scipy
-    assert chisquare is not None
+    assert p_bad < 1e-6 and stat_bad > 100 * CRIT_999_2DOF, (observed, stat_bad, p_bad)
 
 
 def test_sample_configuration_three_roles_four_probs() -> None:
@@ -112,9 +97,9 @@ def test_sample_configuration_three_roles_four_probs() -> None:
     probs = [0.4, 0.3, 0.2, 0.1]
     observed = _draw_counts(roles, probs, 10_000, seed=7)
     _, p = _chi2(observed, probs)
-    assert p is None or p > 1e-3, observed
+    assert p > 1e-3, observed
     _, p_bad = _chi2(observed, [0.25, 0.25, 0.25, 0.25])
-    assert p_bad is None or p_bad < 1e-6, observed
+    assert p_bad < 1e-6, observed
 
 
 def test_zero_probability_configurations_are_never_drawn() -> None:
@@ -205,7 +190,7 @@ def test_sample_is_uniform_over_members(tmp_path: Path) -> None:
     for v in (4, 5, 6):  # binomial sd ~ 26: +-150 is ~6 sd
         assert abs(counts[v] - 1000) < 150, counts
     _, p = _chi2([counts[v] for v in (4, 5, 6)], [1 / 3] * 3)
-    assert p is None or p > 1e-3, counts
+    assert p > 1e-3, counts
 
 
 def test_sample_of_an_empty_pool_raises(tmp_path: Path) -> None:
