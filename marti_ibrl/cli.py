@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from marti_ibrl import quiet
+
+    quiet.install()  # the start-up notices nobody can act on (pynvml, Ray's tip, DeepSpeed's CPU line)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command in ("train", "plan"):

@@ -19,7 +19,13 @@ def torch_extensions_dir() -> str:
 
 
 def child_env_vars() -> dict[str, str]:
-    return {"TORCH_EXTENSIONS_DIR": torch_extensions_dir(), "TOKENIZERS_PARALLELISM": "false"}
+    from marti_ibrl.quiet import pythonwarnings
+
+    return {
+        "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONWARNINGS": pythonwarnings(os.environ.get("PYTHONWARNINGS", "")),
+    }
 
 
 PASS_THROUGH_ENV = ("NCCL_CUMEM_ENABLE",)
