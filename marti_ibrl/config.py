@@ -283,7 +283,7 @@ class Config:
 
 
 _ROLE_FLAG = re.compile(r"^role(\d+)\.(.+)$")
-VERBATIM = frozenset({"judge.structured"})
+VERBATIM = frozenset({"judge.structured", "train.colocate"})
 """Flags whose value is a word taken as written: YAML (omegaconf's grammar) would read ``on`` / ``off`` as booleans."""
 ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")
 """``--roleN.advantage_estimator``: OpenRLHF's estimators that baseline within a group, the (role, scenario) groups of
