@@ -56,6 +56,7 @@ from marti_ibrl.placement import (
     FROZEN_ENGINES,
     POOL_ENGINES,
     REFERENCE,
+    SHARED,
     Component,
     Phase,
     colocated,
@@ -496,7 +497,7 @@ def _plan_phases(p: Plan) -> None:
     for pu in p.phases:
         if pu.total <= limit:
             continue
-        where = f"{pu.phase.name} on {'the shared' if pu.group == 'shared' else pu.group + chr(39) + 's'} GPUs"
+        where = f"{pu.phase.name} on {_group_gpus(pu.group)}"
         how = (
             "lower --roleN.gpu_memory_utilization, or --ds.zero_stage 3 to split the weights that stay"
             if pu.phase.engines_awake
@@ -558,6 +559,12 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def _group_gpus(group: str, count: int | None = None) -> str:
+    """``the shared GPUs`` / ``agent1's 4 GPUs``: a colocated GPU group in a message."""
+    n = f"{count} " if count is not None else ""
+    return f"the {n}shared GPUs" if group == SHARED else f"{group}'s {n}GPUs"
+
+
 def _parts(u: Usage | PhaseUsage) -> str:
     return " + ".join(f"{k} {_gib(v)}" for k, v in u.parts.items())
 
@@ -596,6 +603,8 @@ def format_plan(p: Plan) -> str:
         mem = f"{_gib(u.total)} = {_parts(u)}" if gpu and u.parts else "-"
         if u.note:
             mem += f"; {u.note}"
+        if c.shared and c.kind != REFERENCE:  # a reference's note says so already
+            mem += f"; on {_group_gpus(c.group)} (colocated)"
         lines.append(f"{c.role:<10} {c.kind:<14} {procs:<12} {c.gpus:>4}  {mem}")
     for x in p.lora:
         lines.append(
@@ -637,7 +646,7 @@ def _format_colocated(p: Plan) -> list[str]:
             gpus = sum(c.gpus for c in members)
             lines.append(
                 f"colocated (--train.colocate {cfg.train.colocate}): {', '.join(f'{c.role} {c.kind}' for c in members)} "
-                f"share {'the' if g == 'shared' else g + chr(39) + 's'} {gpus} GPUs; engines sleep while DeepSpeed trains"
+                f"share {_group_gpus(g, gpus)}; engines sleep while DeepSpeed trains"
             )
         for pu in p.phases:
             lines.append(f"  {pu.phase.name + ' (' + pu.group + ')':<28} {_gib(pu.total)} GiB per GPU = {_parts(pu)}")
