@@ -131,7 +131,7 @@ def placement(cfg: Config) -> list[Component]:
             out += [Component(role.name, FROZEN_ENGINES, p, role.num_engines, tp) for p in frozen_checkpoints(role)]
             continue
         group = {"none": "", "role": role.name, "all": SHARED}[cfg.train.colocate]
-        own = not group or (cfg.train.colocate == "role" or owner is None)  # this role's actor owns its group
+        own = cfg.train.colocate != "all" or owner is None  # this role's actor counts its group's GPUs
         owner = owner or role.name
         if not shares_engines(cfg, role):
             out.append(Component(role.name, ENGINES, role.pretrain, role.num_engines, tp, group, bool(group)))
@@ -197,7 +197,7 @@ def phases(cfg: Config, together: bool = True) -> list[Phase]:
             True,
             (),
             "engines awake (weights + KV cache) for the joint rollout of "
-            + ("every role" if cfg.train.colocate == "all" else "both roles, each on its own GPUs")
+            + ("every role" if cfg.train.colocate == "all" else "every role, each on its own GPUs")
             + "; DeepSpeed optimizer states, gradients and fp32 master weights offloaded to CPU, bf16 weights stay",
         )
     ]

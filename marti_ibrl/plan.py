@@ -562,6 +562,8 @@ def _size(n: int) -> str:
 def _group_gpus(group: str, count: int | None = None) -> str:
     """``the shared GPUs`` / ``agent1's 4 GPUs``: a colocated GPU group in a message."""
     n = f"{count} " if count is not None else ""
+    if count == 1:
+        return "the 1 shared GPU" if group == SHARED else f"{group}'s 1 GPU"
     return f"the {n}shared GPUs" if group == SHARED else f"{group}'s {n}GPUs"
 
 
@@ -646,15 +648,17 @@ def _format_colocated(p: Plan) -> list[str]:
             gpus = sum(c.gpus for c in members)
             lines.append(
                 f"colocated (--train.colocate {cfg.train.colocate}): {', '.join(f'{c.role} {c.kind}' for c in members)} "
-                f"share {_group_gpus(g, gpus)}; engines sleep while DeepSpeed trains"
+                f"on {_group_gpus(g, gpus)}; engines sleep while DeepSpeed trains"
             )
         for pu in p.phases:
             lines.append(f"  {pu.phase.name + ' (' + pu.group + ')':<28} {_gib(pu.total)} GiB per GPU = {_parts(pu)}")
-        if p.updates_together is not None and cfg.train.colocate == "all" and len(trained_roles(cfg)) > 1:
+        n = len(trained_roles(cfg))
+        if p.updates_together is not None and cfg.train.colocate == "all" and n > 1:
             lines.append(
-                "  updates: both roles at once (they fit together)"
+                f"  updates: {'both' if n == 2 else f'all {n}'} roles at once (they fit together)"
                 if p.updates_together
-                else f"  updates: one role after the other (both at once would need {_gib(p.together_bytes)} GiB per "
+                else f"  updates: one role after the other ({'both' if n == 2 else 'all'} at once would need "
+                f"{_gib(p.together_bytes)} GiB per "
                 f"GPU > {_gib(p.gpu_memory)})"
             )
         if cfg.train.device == "cpu":

@@ -292,7 +292,7 @@ def test_colocated_recipe_fits_one_node(recipe, checkpoints, tmp_path, monkeypat
     else:
         assert "  updates: both roles at once (they fit together)" in out
     assert f"pool: {a1}'s snapshots are served by its own engines (colocated" in out
-    assert "share the 8 shared GPUs; engines sleep while DeepSpeed trains" in out
+    assert f"{a2} engines, {a2} actor, {a2} reference on the 8 shared GPUs; engines sleep while DeepSpeed trains" in out
     # 8 dialogues per engine in 22.2 GiB of KV: 128 sequences of 4096 tokens (DoND), 94 of 6144 (TeleSales)
     assert f"KV use at this batch {8.5 if telesales else 6.2}%; on the shared GPUs (colocated)" in out
     assert out.splitlines()[-1] == "fits"
