@@ -22,6 +22,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.flags)
+        from marti_ibrl.placement import refuse_unbuilt
+
+        if refuse_unbuilt(cfg):
+            raise ConfigError(refuse_unbuilt(cfg))
         from marti_ibrl.device import resolve_device
 
         resolve_device(cfg.train.device)  # before the trainer's imports (Ray, DeepSpeed) print anything

@@ -181,6 +181,16 @@ class TrainConfig:
     seed: int = 42
     device: str = "auto"
     """``auto`` (cuda when available), ``cpu`` or ``cuda``."""
+    colocate: str = "none"
+    """Where rollout engines and DeepSpeed models sit (marti_ibrl/placement.py; OpenRLHF's hybrid engine,
+    ``--train.colocate_all --vllm.enable_sleep --ds.enable_sleep``): ``none``, every component on GPUs of its own;
+    ``role``, each trained role's engines, actor and reference share that role's GPUs (``num_engines ×
+    tensor_parallel_size`` = the actor's ranks, as OpenRLHF asks); ``all``, every trained role's on the same GPUs
+    (equal rank counts; a joint rollout wakes every role's engines at once). Colocated, engines sleep while DeepSpeed
+    trains, DeepSpeed's optimizer states leave the GPU while engines generate, and a role's own engines serve its
+    pool snapshots (no pool engines). ``marti-ibrl plan`` prints each phase's memory and, for ``all``, whether the
+    roles' updates fit at once or run one after the other. Planned only: ``train`` refuses it until the sleep/wake
+    runtime exists (docs/cluster.md)."""
     check_sync: bool = False
     """After start-up and every iteration, compare a digest of each role's actor weights with each of its engines'
     (and a pool engine's with its snapshot file), append them to ``RUN/sync_checks.jsonl`` and stop on a mismatch:
@@ -273,7 +283,7 @@ class Config:
 
 
 _ROLE_FLAG = re.compile(r"^role(\d+)\.(.+)$")
-VERBATIM = frozenset({"judge.structured"})
+VERBATIM = frozenset({"judge.structured", "train.colocate"})
 """Flags whose value is a word taken as written: YAML (omegaconf's grammar) would read ``on`` / ``off`` as booleans."""
 ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")
 """``--roleN.advantage_estimator``: OpenRLHF's estimators that baseline within a group, the (role, scenario) groups of
@@ -282,6 +292,8 @@ any other name); tests/test_advantages.py checks the two lists are equal and eac
 reference. OpenRLHF's others are refused here and there: ``reinforce`` (no baseline), ``flash_reinforce`` (the
 whole batch's mean, across groups and so across opponents' pairings) and ``gae`` (a critic)."""
 ENGINES = ("auto", "vllm", "hf")
+COLOCATE = ("none", "role", "all")
+"""``--train.colocate`` modes (:func:`marti_ibrl.placement.placement`)."""
 VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads ("Unsupported CPU attention configuration")
 
 
@@ -563,8 +575,9 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
     need(pool.eviction in ("oldest", "random"), "pool.eviction", "must be oldest or random")
     need(pool.num_engines is None or pool.num_engines >= 0, "pool.num_engines", "must be >= 0")
     full = [f"role{i}" for i, r in enumerate(cfg.roles, start=1) if not r.frozen and r.lora_rank == 0]
+    _validate_colocate(cfg, trained, need)
     need(
-        pool.num_engines != 0 or len(trained) < 2 or pool.probs[0] >= 1.0 or not full,
+        pool.num_engines != 0 or len(trained) < 2 or pool.probs[0] >= 1.0 or not full or cfg.train.colocate != "none",
         "pool.num_engines",
         f"0 leaves the full-weight roles {full} no engines for their snapshots (only LoRA roles serve theirs from "
         "their own engines): give >= 1, or leave it unset",
@@ -589,6 +602,56 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
             "pool.probs",
             f"role{i} is frozen: it has no pool, so its entry (index {i}) must be 0",
         )
+
+
+def _validate_colocate(cfg: Config, trained: list[RoleConfig], need) -> None:
+    """``--train.colocate``: what OpenRLHF's ``colocate_all`` asks of a role, and what the shared GPUs exclude."""
+    mode = cfg.train.colocate
+    need(mode in COLOCATE, "train.colocate", f"must be one of {', '.join(COLOCATE)}, got {mode!r}")
+    if mode == "none":
+        return
+    for i, role in enumerate(cfg.roles, start=1):
+        if role.frozen:
+            continue
+        ranks, engine_gpus = role.num_nodes * role.num_gpus_per_node, role.num_engines * role.tensor_parallel_size
+        need(
+            ranks == engine_gpus,
+            f"role{i}.num_engines",
+            f"--train.colocate {mode} puts one engine GPU on each actor GPU (OpenRLHF's colocate_all): role{i} has "
+            f"{ranks} actor ranks (num_nodes × num_gpus_per_node) but {role.num_engines} engines × TP"
+            f"{role.tensor_parallel_size} = {engine_gpus} engine GPUs",
+        )
+    ranks = {r.num_nodes * r.num_gpus_per_node for r in trained}
+    need(
+        mode != "all" or len(ranks) == 1,
+        "train.colocate",
+        f"all puts every trained role on the same GPUs: give every role as many actor ranks "
+        f"(num_nodes × num_gpus_per_node), got {[r.num_nodes * r.num_gpus_per_node for r in trained]}",
+    )
+    need(
+        cfg.pool.num_engines in (None, 0),
+        "pool.num_engines",
+        f"no pool engines with --train.colocate {mode}: each role's own engines serve its snapshots; leave it unset",
+    )
+    need(
+        not cfg.rollout.share_engines,
+        "rollout.share_engines",
+        f"not with --train.colocate {mode}: each role's engines sit on its own actor's GPUs",
+    )
+    if cfg.train.device == "cpu":
+        return  # logical devices: nothing sleeps (vLLM-CPU and HF engines have no sleep mode); the run records so
+    need(
+        cfg.rollout.engine != "hf",
+        "rollout.engine",
+        f"--train.colocate {mode} on GPU needs vLLM engines (their sleep mode frees the GPU for training); hf cannot "
+        "sleep",
+    )
+    need(
+        cfg.ds.zero_stage >= 1,
+        "ds.zero_stage",
+        f"--train.colocate {mode} offloads the optimizer states while engines generate (OpenRLHF's "
+        "--ds.enable_sleep): ZeRO-0 has no offloadable optimizer; use 1, 2 or 3",
+    )
 
 
 def _validate_lora(cfg: Config, role: RoleConfig, p: str, need) -> None:

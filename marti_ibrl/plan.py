@@ -19,7 +19,17 @@ Memory model, per GPU (GiB = 2^30 bytes; P parameters, W ranks of the role, w = 
 * reference rank: weights P·w (÷W under ZeRO-3, which OpenRLHF also uses for the reference), log-prob activations,
   overhead;
 * rollout engine (vLLM, bf16): ``gpu_memory_utilization`` × GPU memory on each of its TP GPUs — weights P·2 / TP,
-  :data:`VLLM_RUNTIME` (profiled activations, CUDA graphs), and the rest as KV cache.
+  :data:`VLLM_RUNTIME` (profiled activations, CUDA graphs), and the rest as KV cache. Its KV use at the recipe's
+  batch (:attr:`Usage.kv_use`): the dialogues it serves per iteration × one ``rollout.max_len``-token sequence each
+  (an upper bound) ÷ its KV cache.
+
+Colocated (``--train.colocate role|all``, :func:`~marti_ibrl.placement.phases`), a GPU holds several components and
+its memory depends on the phase (:func:`phase_usages`): in *generation* each engine its whole budget above and each
+actor (with its reference) only its resident parts — bf16 weights (and adapter), the reference's weights, process
+overheads — since OpenRLHF's ``--ds.enable_sleep`` offloads optimizer states, gradients and fp32 master weights
+(not the bf16 weights); in *training* each sleeping engine :data:`VLLM_ASLEEP` and each training actor its whole
+estimate above, the others their resident parts. ``all`` runs the roles' log-prob passes and updates at once when
+that fits the GPU, else one role after the other.
 
 Activations are a rough, stated model: T = ``rollout.max_len`` tokens per sample (samples are padded, not packed),
 a layer keeps about 8h + 3I values per token for backward (h hidden size, I MLP width; with gradient
@@ -39,13 +49,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marti_ibrl.config import Config, ConfigError, load_config
-from marti_ibrl.placement import ACTOR, FROZEN_ENGINES, POOL_ENGINES, REFERENCE, Component, placement
+from marti_ibrl.placement import (
+    ACTOR,
+    COLOCATE_TODO,
+    ENGINES,
+    FROZEN_ENGINES,
+    POOL_ENGINES,
+    REFERENCE,
+    SHARED,
+    Component,
+    Phase,
+    colocated,
+    phases,
+    placement,
+    pool_served_by,
+    reference_on_actor_gpus,
+    trained_roles,
+)
 
 GiB = 1024**3
 PROCESS_OVERHEAD = 1 * GiB
 """Per DeepSpeed process: CUDA context, NCCL buffers, allocator fragmentation (assumption)."""
 VLLM_RUNTIME = 2 * GiB
 """Per vLLM GPU, inside its gpu_memory_utilization budget: profiled activation peak and CUDA graphs (assumption)."""
+VLLM_ASLEEP = 1 * GiB
+"""Per vLLM GPU while its engine sleeps (level 1: weights to CPU, KV cache freed): CUDA context, CUDA graphs
+(assumption)."""
+RESIDENT = ("weights", "adapter", "reference weights", "overhead")
+"""What a DeepSpeed rank keeps on its GPU while colocated engines generate (``--ds.enable_sleep`` offloads the rest)."""
 
 # Model sizes used when a checkpoint's config.json is not at hand (plan on a laptop). ASSUMPTIONS: the text
 # configs published for Qwen3.5-4B / Qwen3.5-9B (hybrid: 3 Gated DeltaNet layers per full-attention layer, gated
@@ -240,6 +271,8 @@ class Usage:
     parts: dict[str, int] = field(default_factory=dict)
     sequences: int | None = None
     """Engines: how many ``rollout.max_len``-token sequences the KV budget holds."""
+    kv_use: float | None = None
+    """Current-policy engines: the share of the KV cache an iteration's dialogues fill (module docstring)."""
     note: str = ""
 
     @property
@@ -282,10 +315,10 @@ def usage(cfg: Config, c: Component, m: ModelSpec, gpu_memory: int) -> Usage:
             u.parts["ZeRO-3 gathers"] = 2 * m.largest_tensor * w
         update = _activations(cfg, m, role, update=True) if c.kind == ACTOR else 0
         logprobs = _activations(cfg, m, role, update=False)
-        if c.kind == REFERENCE and role.colocate_ref:
+        if c.kind == REFERENCE and reference_on_actor_gpus(cfg, role):
             u.parts, u.note = {}, "on the actor's GPUs (counted there)"
             return u
-        if c.kind == ACTOR and role.colocate_ref and role.kl_coef > 0:
+        if c.kind == ACTOR and reference_on_actor_gpus(cfg, role):
             # the reference's process shares these GPUs; its log-prob pass runs beside the actor's, not the update
             u.parts["reference weights"] = m.params * w // (ranks if stage == 3 else 1)
             if stage == 3:
@@ -311,7 +344,50 @@ def usage(cfg: Config, c: Component, m: ModelSpec, gpu_memory: int) -> Usage:
     if c.kind != FROZEN_ENGINES:
         dialogues = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
         u.note += f" (an iteration: {dialogues} dialogues, ~{math.ceil(dialogues / c.count)} per engine)"
+    if c.kind == ENGINES and u.parts["KV cache"] > 0:  # every dialogue has one sequence on its role's engines
+        served = len(trained_roles(cfg)) if cfg.rollout.share_engines else 1
+        u.kv_use = dialogues * served / c.count * per_sequence / u.parts["KV cache"]
+        u.note += f"; KV use at this batch {100 * u.kv_use:.1f}%"
     return u
+
+
+@dataclass
+class PhaseUsage:
+    """Memory per GPU of one colocated GPU group (a role's GPUs, or the shared ones) in one :class:`Phase`."""
+
+    phase: Phase
+    group: str
+    parts: dict[str, int] = field(default_factory=dict)
+    """Per component on the group's GPUs (``agent1 engines``, ``agent1 actor``: with its reference), bytes."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+def phase_usages(cfg: Config, usages: list[Usage], together: bool = True) -> list[PhaseUsage]:
+    """Per colocated GPU group and phase, what each component on a GPU holds (module docstring); [] when not
+    colocated. Engines: awake their budget, asleep :data:`VLLM_ASLEEP` per GPU; an actor (with its colocated
+    reference): its whole estimate when its role trains in the phase, else its :data:`RESIDENT` parts."""
+    out = []
+    groups = list(dict.fromkeys(u.component.group for u in usages if u.component.group))
+    for phase in phases(cfg, together):
+        if phase.name == "sync":  # below generation: the engines' weights without their KV cache
+            continue
+        for group in groups:
+            pu = PhaseUsage(phase, group)
+            for u in usages:
+                c = u.component
+                if c.group != group or c.kind == REFERENCE:  # a colocated reference is counted in its actor
+                    continue
+                if c.kind == ENGINES:
+                    pu.parts[f"{c.role} engines"] = u.total if phase.engines_awake else VLLM_ASLEEP
+                elif c.role in phase.training:
+                    pu.parts[f"{c.role} actor"] = u.total
+                else:
+                    pu.parts[f"{c.role} actor (resident)"] = sum(v for k, v in u.parts.items() if k in RESIDENT)
+            out.append(pu)
+    return out
 
 
 # -- the plan ---------------------------------------------------------------------------------------------------
@@ -332,6 +408,13 @@ class Plan:
 
     lora: list = field(default_factory=list)
     """:class:`LoRASummary` per LoRA role."""
+    phases: list[PhaseUsage] = field(default_factory=list)
+    """Colocated (``--train.colocate role|all``): memory per GPU of each GPU group in each phase."""
+    updates_together: bool | None = None
+    """Colocated: the roles' log-prob passes and updates run at once (``role``: always, their GPUs are apart;
+    ``all``: when that fits the GPU), else one role after the other."""
+    together_bytes: int = 0
+    """``all`` with the updates one after the other: what both at once would need per GPU."""
 
     @property
     def total_gpus(self) -> int:
@@ -395,10 +478,32 @@ def make_plan(
             "for the DeepSpeed ranks try --ds.zero_stage 3, --ds.gradient_checkpointing true, more ranks "
             "(--roleN.num_gpus_per_node) or smaller --train.micro_batch_size / --rollout.micro_batch_size"
         )
-    problems = list(dict.fromkeys(problems))  # a role's engines and pool engines share its settings
     plan = Plan(cfg, components, usages, nodes, gpus_per_node, gpu_memory, models, list(assumed or []), problems)
+    if gpu_device and colocated(cfg):
+        _plan_phases(plan)
+    plan.problems = list(dict.fromkeys(problems))  # a role's engines and pool engines share its settings
     plan.lora = lora_summary(cfg, models)
     return plan
+
+
+def _plan_phases(p: Plan) -> None:
+    """Colocated: each phase's memory per GPU; ``all`` updates the roles at once when that fits, else in turn."""
+    cfg, limit = p.cfg, p.gpu_memory
+    p.phases, p.updates_together = phase_usages(cfg, p.usages, together=True), True
+    training = [pu for pu in p.phases if pu.phase.training]
+    if cfg.train.colocate == "all" and len(trained_roles(cfg)) > 1 and max(pu.total for pu in training) > limit:
+        p.together_bytes = max(pu.total for pu in training)
+        p.phases, p.updates_together = phase_usages(cfg, p.usages, together=False), False
+    for pu in p.phases:
+        if pu.total <= limit:
+            continue
+        where = f"{pu.phase.name} on {_group_gpus(pu.group)}"
+        how = (
+            "lower --roleN.gpu_memory_utilization, or --ds.zero_stage 3 to split the weights that stay"
+            if pu.phase.engines_awake
+            else "try --ds.zero_stage 3, --ds.gradient_checkpointing true or smaller micro-batches"
+        )
+        p.problems.append(f"{where} needs {_gib(pu.total)} GiB per GPU > {_gib(limit)} GiB ({_parts(pu)}); {how}")
 
 
 @dataclass
@@ -454,7 +559,15 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def _parts(u: Usage) -> str:
+def _group_gpus(group: str, count: int | None = None) -> str:
+    """``the shared GPUs`` / ``agent1's 4 GPUs``: a colocated GPU group in a message."""
+    n = f"{count} " if count is not None else ""
+    if count == 1:
+        return "the 1 shared GPU" if group == SHARED else f"{group}'s 1 GPU"
+    return f"the {n}shared GPUs" if group == SHARED else f"{group}'s {n}GPUs"
+
+
+def _parts(u: Usage | PhaseUsage) -> str:
     return " + ".join(f"{k} {_gib(v)}" for k, v in u.parts.items())
 
 
@@ -492,6 +605,8 @@ def format_plan(p: Plan) -> str:
         mem = f"{_gib(u.total)} = {_parts(u)}" if gpu and u.parts else "-"
         if u.note:
             mem += f"; {u.note}"
+        if c.shared and c.kind != REFERENCE:  # a reference's note says so already
+            mem += f"; on {_group_gpus(c.group)} (colocated)"
         lines.append(f"{c.role:<10} {c.kind:<14} {procs:<12} {c.gpus:>4}  {mem}")
     for x in p.lora:
         lines.append(
@@ -500,6 +615,7 @@ def format_plan(p: Plan) -> str:
             f"engines: {x.gpus_saved} GPU{'s' * (x.gpus_saved != 1)} fewer than full weights with these flags "
             f"(reference {x.reference_gpus}, pool engines {x.pool_gpus})"
         )
+    lines += _format_colocated(p)
     if cfg.rollout.share_engines:
         first, *others = [r for r in cfg.roles if not r.frozen]
         saved = sum(r.num_engines * r.tensor_parallel_size for r in others)
@@ -519,6 +635,42 @@ def format_plan(p: Plan) -> str:
         )
     lines.append("fits" if not p.problems else "DOES NOT FIT")
     return "\n".join(lines)
+
+
+def _format_colocated(p: Plan) -> list[str]:
+    """The colocated layout's lines: who shares which GPUs, each phase's memory, the update order, the pools."""
+    cfg = p.cfg
+    lines = []
+    if colocated(cfg):
+        groups = list(dict.fromkeys(c.group for c in p.components if c.group and c.kind != REFERENCE))
+        for g in groups:
+            members = [c for c in p.components if c.group == g]
+            gpus = sum(c.gpus for c in members)
+            lines.append(
+                f"colocated (--train.colocate {cfg.train.colocate}): {', '.join(f'{c.role} {c.kind}' for c in members)} "
+                f"on {_group_gpus(g, gpus)}; engines sleep while DeepSpeed trains"
+            )
+        for pu in p.phases:
+            lines.append(f"  {pu.phase.name + ' (' + pu.group + ')':<28} {_gib(pu.total)} GiB per GPU = {_parts(pu)}")
+        n = len(trained_roles(cfg))
+        if p.updates_together is not None and cfg.train.colocate == "all" and n > 1:
+            lines.append(
+                f"  updates: {'both' if n == 2 else f'all {n}'} roles at once (they fit together)"
+                if p.updates_together
+                else f"  updates: one role after the other ({'both' if n == 2 else 'all'} at once would need "
+                f"{_gib(p.together_bytes)} GiB per "
+                f"GPU > {_gib(p.gpu_memory)})"
+            )
+        if cfg.train.device == "cpu":
+            lines.append("  train.device cpu: no sleep mode (vLLM-CPU, HF engines): the processes only share slots")
+        lines.append(
+            f"  not run yet: train refuses --train.colocate until the sleep/wake runtime exists ({COLOCATE_TODO})"
+        )
+    for role in trained_roles(cfg):
+        served = pool_served_by(cfg, role)
+        if served and (colocated(cfg) or role.lora_rank > 0):
+            lines.append(f"pool: {role.name}'s snapshots are served by {served}")
+    return lines
 
 
 # -- parsing as train does ------------------------------------------------------------------------------------

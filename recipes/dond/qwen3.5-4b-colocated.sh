@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=ibrl-dond-4b-colocated
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --gres=gpu:8
+#SBATCH --cpus-per-task=64
+#SBATCH --exclusive
+#SBATCH --time=3-00:00:00
+#SBATCH --output=%x-%j.out
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --signal=B:TERM@300
+#
+# IB-RL on Deal-or-No-Deal, both roles from Qwen3.5-4B, on ONE node of 8 GPUs with both roles colocated
+# (--train.colocate all: engines, actors and references of both roles share every GPU, engines sleeping while
+# DeepSpeed trains): the paper's configuration of qwen3.5-4b.sh on a quarter of the GPUs.
+# PLANNED ONLY: train refuses --train.colocate until the sleep/wake runtime exists (docs/cluster.md); --plan works.
+# Hyperparameters and GPU layout: qwen3.5-4b-colocated.yaml beside this file.
+#
+#   DOND_MODEL=/models/Qwen3.5-4B sbatch recipes/dond/qwen3.5-4b-colocated.sh [--section.key VALUE ...]
+#   DOND_MODEL=/models/Qwen3.5-4B bash recipes/dond/qwen3.5-4b-colocated.sh --plan  # placement + memory; no GPU, no Ray
+#
+# DOND_MODEL    (required) HF checkpoint both roles start from (paper: the base model; DoND has no SFT data);
+#               AGENT1_MODEL / AGENT2_MODEL start a role from another checkpoint.
+# DOND_DATA     (optional) scenarios in the Lewis et al. format, e.g. their train split (paper); default: the
+#               seeded generator (env.num_scenarios).
+# Extra flags override the YAML (e.g. --train.iterations 30). Launcher variables: recipes/slurm-ray.sh.
+set -euo pipefail
+IBRL_NODES=1 IBRL_GPUS_PER_NODE=8  # = the #SBATCH header
+
+RECIPE=${BASH_SOURCE[0]}  # under sbatch, Slurm's copy: the original is the job's Command (recipes/prologue.sh)
+if [[ ${RECIPE##*/} == slurm_script ]]; then
+    RECIPE=$(cd "$SLURM_SUBMIT_DIR" && realpath "$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')")
+fi
+source "$(dirname "$RECIPE")/../prologue.sh"
+source "$RECIPE_DIR/train-flags.sh"
