@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from scipy.stats import chisquare  # scipy is a dependency (statsmodels'): no fallback that could pass vacuously
 
 from marti_ibrl.algorithm.pool import (
     BOTH,
@@ -19,8 +20,6 @@ from marti_ibrl.algorithm.pool import (
     pairings,
     sample_configuration,
 )
-
-from scipy.stats import chisquare  # scipy is a dependency (statsmodels'): no fallback that could pass vacuously
 
 CRIT_999_2DOF = 13.816  # chi-square 99.9% quantile, 2 degrees of freedom
 ROLES = ("agent1", "agent2")
