@@ -247,6 +247,7 @@ class IBRLTrainer:
             if deleted:
                 left = f"; left as they were: {', '.join(kept)}" if kept else ""
                 print(f"--ckpt.overwrite: deleted the run in {self.run_dir} ({', '.join(deleted)}){left}", flush=True)
+            cfg.ckpt.overwrite = False  # done: RUN/config.yaml reused as a --config must not delete this run
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))

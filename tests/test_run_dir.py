@@ -157,7 +157,8 @@ def test_overwrite_deletes_the_old_run_and_keeps_what_train_did_not_write(tmp_pa
         "left as they were: eval, notes.txt" in out
     )
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "eval", "notes.txt"]
-    assert "iterations: 1" in (run / "config.yaml").read_text()
+    written = (run / "config.yaml").read_text()
+    assert "iterations: 1" in written and "overwrite: false" in written  # reused as --config, it deletes nothing
     assert clear_run(tmp_path / "absent", list(ROLES)) == ([], [])
 
 
