@@ -38,7 +38,14 @@ from marti_ibrl.algorithm.pool import (
 )
 from marti_ibrl.algorithm.schedule import roles_due
 from marti_ibrl.backend.nodes import NodeLostError, NodeWatch, loss_message
-from marti_ibrl.backend.openrlhf_glue import RoleStack, engine_kind, init_ray, kill_actors, start_engines
+from marti_ibrl.backend.openrlhf_glue import (
+    RoleStack,
+    engine_kind,
+    init_ray,
+    kill_actors,
+    start_engines,
+    wait_for_cluster,
+)
 from marti_ibrl.commit import STATE_FILE, Commit, RunDirError, clear_run, open_run_dir, pin_deepspeed_latest
 from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
 from marti_ibrl.device import check_device_dtype, resolve_device
@@ -260,6 +267,8 @@ class IBRLTrainer:
         ``RUN/topology.json``; the actors' models (loaded from the committed tag when resuming), then the engines
         synced to them."""
         cfg = self.cfg
+        if cfg.ray.address:  # a cluster that does not answer: one line after --ray.connect_timeout, not Ray's retries
+            wait_for_cluster(cfg.ray.address, cfg.ray.connect_timeout)
         init_ray(cfg, device)
         self.stacks = {}
         for r in cfg.roles:

@@ -305,14 +305,9 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_an_unreachable_ray_address_fails_within_its_timeout(flags, capsys, tmp_path, monkeypatch) -> None:
+def test_an_unreachable_ray_address_fails_within_its_timeout(flags, capsys, tmp_path) -> None:
     """Ray's own client retries an address nobody answers at for minutes; the run says so after
     --ray.connect_timeout seconds, in one line."""
-    from marti_ibrl import trainer
-    from marti_ibrl.backend import openrlhf_glue
-
-    monkeypatch.setattr(trainer, "init_ray", openrlhf_glue.init_ray)  # the real one: it stops before ray.init
-    monkeypatch.setattr(openrlhf_glue, "start_ray", lambda *a, **k: pytest.fail("ray.init reached"))
     port = _closed_port()
     t0 = time.perf_counter()
     cmd = ["--ray.address", f"127.0.0.1:{port}", "--ray.connect_timeout", "2", "--ckpt.path", str(tmp_path / "run")]

@@ -446,10 +446,7 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
 
 def init_ray(cfg: Config, device: str) -> None:
     """Connect to a cluster (``ray.address``) or start a local Ray with the job's device slots
-    (:func:`marti_ibrl.placement.device_slots`, the placement ``marti-ibrl plan`` prints). A cluster that does not
-    answer within ``--ray.connect_timeout`` is one ConfigError (:func:`wait_for_cluster`), not minutes of retries."""
-    if cfg.ray.address:
-        wait_for_cluster(cfg.ray.address, cfg.ray.connect_timeout)
+    (:func:`marti_ibrl.placement.device_slots`, the placement ``marti-ibrl plan`` prints)."""
     start_ray(device_slots(cfg), device, cfg.ray.address, cfg.ray.num_cpus, cfg.ray.log_to_driver)
 
 
