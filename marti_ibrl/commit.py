@@ -128,8 +128,9 @@ def _check_writable(run_dir: Path) -> None:
 
 def open_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, seed: int) -> Commit | None:
     """The checks before a run starts in ``run_dir`` (nothing is written): a writable directory; when resuming, its
-    commit record (None when there is none: the run starts at iteration 1), its seed and every committed pool
-    snapshot (:func:`verify_pools`); otherwise no run in it (:func:`run_contents`) unless ``overwrite``.
+    commit record (None when there is none: the run starts at iteration 1), its seed, every role's DeepSpeed
+    checkpoint at the committed tag (``ROLE/ckpt/_actor/global_stepK``, what :func:`pin_deepspeed_latest` pins) and
+    every committed pool snapshot (:func:`verify_pools`); otherwise no run in it (:func:`run_contents`) unless ``overwrite``.
     A :class:`RunDirError` names what is wrong and the ways on."""
     run_dir = Path(run_dir)
     _check_writable(run_dir)
@@ -137,6 +138,13 @@ def open_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, seed: int) -> 
         commit = Commit.read(run_dir)
         if commit is not None:
             commit.check(seed)
+            for role in commit.updates:  # every trained role's DeepSpeed state at the committed tag
+                tag = run_dir / role / "ckpt" / "_actor" / f"global_step{commit.iteration}"
+                if not tag.is_dir():
+                    raise RunDirError(
+                        f"--ckpt.load_enable: {run_dir / STATE_FILE} commits iteration {commit.iteration}, but {tag} "
+                        "is missing: restore it, or start over (--ckpt.overwrite true)"
+                    )
             verify_pools(run_dir, commit)
         return commit
     found = run_contents(run_dir)

@@ -193,6 +193,17 @@ def test_resume_refuses_a_pool_snapshot_that_is_not_as_committed(tmp_path, flags
     assert fingerprint(run) == before
 
 
+def test_resume_without_a_committed_deepspeed_checkpoint_is_one_line(tmp_path, flags, capsys) -> None:
+    run = write_run(tmp_path / "run")
+    tag = run / "agent2" / "ckpt" / "_actor" / "global_step2"
+    tag.rmdir()
+    assert main(["train", *flags, "--ckpt.path", str(run), "--ckpt.load_enable", "true"]) == 2
+    assert one_error_line(capsys) == (
+        f"marti-ibrl train: error: --ckpt.load_enable: {run / STATE_FILE} commits iteration 2, but {tag} is missing: "
+        "restore it, or start over (--ckpt.overwrite true)"
+    )
+
+
 def test_resume_of_an_intact_run_reaches_ray(tmp_path, flags, capsys) -> None:
     run = write_run(tmp_path / "run")
     with pytest.raises(RayStarted):
