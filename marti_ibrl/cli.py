@@ -26,9 +26,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
         if refuse_unbuilt(cfg):
             raise ConfigError(refuse_unbuilt(cfg))
-        from marti_ibrl.device import resolve_device
+        from marti_ibrl.device import check_device_dtype, resolve_device
 
-        resolve_device(cfg.train.device)  # before the trainer's imports (Ray, DeepSpeed) print anything
+        # before the trainer's imports (Ray, DeepSpeed) print anything
+        check_device_dtype(cfg.ds.param_dtype, resolve_device(cfg.train.device))
     except ConfigError as e:
         return fail(e)
     from marti_ibrl.backend.nodes import NodeLostError

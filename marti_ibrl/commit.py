@@ -7,15 +7,31 @@ another seed, and :func:`pin_deepspeed_latest` points every role's DeepSpeed ``l
 checkpoint written half-way after it (a run killed while saving) is never loaded. Everything random on the driver
 is keyed by (seed, stream, iteration) (``IBRLTrainer._rng``), so with this record iteration k+1 is drawn exactly
 as it would have been without the interruption. No torch, no Ray: diagnostics and reports read it too.
+
+The run directory is protected here too (:func:`open_run_dir`, before Ray starts): a directory that holds a run
+(:func:`run_contents`) is resumed (``--ckpt.load_enable``, after every committed pool snapshot is checked against the
+record) or started over only when asked (``--ckpt.overwrite``, :func:`clear_run`); never silently overwritten.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from marti_ibrl.config import ConfigError
+
 STATE_FILE = "trainer_state.json"
+RUN_FILES = (STATE_FILE, STATE_FILE + ".tmp", "config.yaml", "topology.json", "sync_checks.jsonl")
+"""The files a training run writes at the top of its directory (:func:`clear_run` deletes them, with ``pool/``,
+``tensorboard/`` and the role directories)."""
+
+
+class RunDirError(ConfigError):
+    """The run directory refuses this start: it holds a run, or what a resume needs does not check out. The message
+    names the file and the ways on."""
 
 
 @dataclass
@@ -39,7 +55,15 @@ class Commit:
     def read(cls, run_dir: Path) -> Commit | None:
         """The run's last commit, or None before its first."""
         path = Path(run_dir) / STATE_FILE
-        return cls(**json.loads(path.read_text())) if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (ValueError, TypeError) as e:  # truncated, empty, or not a record's fields
+            raise RunDirError(
+                f"{path} is not a readable commit record ({type(e).__name__}: {e}); restore it from a copy, or start "
+                "over with --ckpt.overwrite true (or a new --ckpt.path)"
+            ) from None
 
     def write(self, run_dir: Path) -> None:
         """Atomically replace the run's commit record: a half-written one is never picked up."""
@@ -50,7 +74,10 @@ class Commit:
     def check(self, seed: int) -> None:
         """A run resumes with the seed it was made with (its random streams are keyed by it)."""
         if self.seed != seed:
-            raise ValueError(f"resume: the run was made with --train.seed {self.seed}, not {seed}")
+            raise RunDirError(
+                f"--train.seed: the run was made with --train.seed {self.seed}, not {seed}: resume it with its seed, "
+                "or start a new run with a new --ckpt.path"
+            )
 
 
 def pin_deepspeed_latest(run_dir: Path, actor_checkpoints: list[Path], k: int) -> None:
@@ -63,3 +90,105 @@ def pin_deepspeed_latest(run_dir: Path, actor_checkpoints: list[Path], k: int) -
                 f"resume: {Path(run_dir) / STATE_FILE} commits iteration {k}, but {ckpt / tag} is missing"
             )
         (ckpt / "latest").write_text(tag)
+
+
+def run_contents(run_dir: Path) -> list[str]:
+    """What makes ``run_dir`` hold a run, relative to it: its commit record (``trainer_state.json``), opponent-pool
+    snapshots (``pool/ROLE/v*``), role checkpoints (``ROLE/ckpt``, ``ROLE/hf``, non-empty). Empty: nothing of value
+    to lose (a directory made empty, or a run that stopped before it wrote any of these: its ``config.yaml``,
+    ``topology.json`` and logs are replaced)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [STATE_FILE] if (run_dir / STATE_FILE).exists() else []
+    found += sorted(str(p.relative_to(run_dir)) for p in run_dir.glob("pool/*/v[0-9]*"))
+    found += sorted(
+        str(p.relative_to(run_dir)) for name in ("ckpt", "hf") for p in run_dir.glob(f"*/{name}") if _non_empty(p)
+    )
+    return found
+
+
+def _non_empty(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
+def _check_writable(run_dir: Path) -> None:
+    """``--ckpt.path`` is a directory this process can write, or can be made one; nothing is created here."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"--ckpt.path: {run_dir} is a file, not a directory")
+    parent = run_dir
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RunDirError(f"--ckpt.path: {run_dir} cannot be made: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        made = "" if parent == run_dir else f" ({parent}, where it would be made)"
+        raise RunDirError(f"--ckpt.path: {run_dir} is not writable{made}")
+
+
+def open_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, seed: int) -> Commit | None:
+    """The checks before a run starts in ``run_dir`` (nothing is written): a writable directory; when resuming, its
+    commit record (None when there is none: the run starts at iteration 1), its seed, every role's DeepSpeed
+    checkpoint at the committed tag (``ROLE/ckpt/_actor/global_stepK``, what :func:`pin_deepspeed_latest` pins) and
+    every committed pool snapshot (:func:`verify_pools`); otherwise no run in it (:func:`run_contents`) unless ``overwrite``.
+    A :class:`RunDirError` names what is wrong and the ways on."""
+    run_dir = Path(run_dir)
+    _check_writable(run_dir)
+    if resume:
+        commit = Commit.read(run_dir)
+        if commit is not None:
+            commit.check(seed)
+            for role in commit.updates:  # every trained role's DeepSpeed state at the committed tag
+                tag = run_dir / role / "ckpt" / "_actor" / f"global_step{commit.iteration}"
+                if not tag.is_dir():
+                    raise RunDirError(
+                        f"--ckpt.load_enable: {run_dir / STATE_FILE} commits iteration {commit.iteration}, but {tag} "
+                        "is missing: restore it, or start over (--ckpt.overwrite true)"
+                    )
+            verify_pools(run_dir, commit)
+        return commit
+    found = run_contents(run_dir)
+    if found and not overwrite:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise RunDirError(
+            f"--ckpt.path: {run_dir} holds a run ({shown}); resume it with --ckpt.load_enable true, or start over "
+            "with a new --ckpt.path or --ckpt.overwrite true (deletes it)"
+        )
+    return None
+
+
+def verify_pools(run_dir: Path, commit: Commit) -> None:
+    """Every pool snapshot the commit record lists is on disk as recorded (size, sha256); a RunDirError names the
+    first that is not."""
+    from marti_ibrl.algorithm.pool import verify_snapshots
+
+    for role, manifest in commit.pools.items():
+        try:
+            verify_snapshots(Path(run_dir) / "pool" / role, manifest)
+        except ValueError as e:
+            raise RunDirError(
+                f"--ckpt.load_enable: {e}, as {Path(run_dir) / STATE_FILE} committed it at iteration "
+                f"{commit.iteration}: restore the file, or start over (--ckpt.overwrite true)"
+            ) from None
+
+
+def clear_run(run_dir: Path, roles: list[str]) -> tuple[list[str], list[str]]:
+    """``--ckpt.overwrite``: delete the run in ``run_dir``: its commit record first (so a half-cleared directory never
+    resumes), its top-level files (:data:`RUN_FILES`), ``pool/``, ``tensorboard/`` and every role directory (``roles``
+    and any other directory holding ``ckpt`` or ``hf``). Returns (deleted, kept): what else is there (an ``eval/``,
+    a user's notes) is left as it was."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return [], []
+    role_dirs = set(roles) | {p.parent.name for name in ("ckpt", "hf") for p in run_dir.glob(f"*/{name}")}
+    deleted = []
+    for name in [*RUN_FILES, "pool", "tensorboard", *sorted(role_dirs)]:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        deleted.append(name)
+    return deleted, sorted(p.name for p in run_dir.iterdir())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +219,10 @@ class CkptConfig:
     """Also export HF ``save_pretrained`` checkpoints per role."""
     load_enable: bool = False
     """Resume from the latest checkpoint in ``path``."""
+    overwrite: bool = False
+    """Start over in a ``path`` that holds a run (its commit record, pool snapshots or role checkpoints:
+    :func:`marti_ibrl.commit.run_contents`): the old run's training files are deleted first. Without it (and without
+    ``load_enable``) such a ``path`` is refused, so a re-submitted recipe never wipes a run."""
     max_num: int = 3
 
 
@@ -263,6 +267,9 @@ class RayConfig:
     """Local Ray only: CPU slots (default: enough for every actor)."""
     log_to_driver: bool = True
     """Stream actor/engine logs to the console; when false they stay in Ray's session log directory."""
+    connect_timeout: float = 60.0
+    """Seconds to wait for the cluster at ``address`` to accept a connection before giving up with one line (Ray's
+    own client would retry for minutes)."""
 
 
 @dataclass
@@ -382,7 +389,7 @@ def load_config(argv: list[str], assumed: list[str] | None = None) -> Config:
     if config_file:
         if not Path(config_file).is_file():
             raise ConfigError(f"--config: no such file {config_file}")
-        file_cfg = OmegaConf.to_container(OmegaConf.load(config_file)) or {}
+        file_cfg = _read_config_file(config_file)
     flags = _flags_to_dotlist(argv)
     env_name = next(
         (v for f, k, v in flags if k == "env.name"), (file_cfg.get("env") or {}).get("name", EnvConfig.name)
@@ -426,10 +433,55 @@ def load_config(argv: list[str], assumed: list[str] | None = None) -> Config:
     except OmegaConfBaseException as e:
         raise ConfigError(f"missing value: --{_flag_name(e.full_key)} ({_first_line(e)})") from None
     validate(cfg, Existence(assumed))
+    _validate_start(cfg)
     cfg, changes = resolve_ablation(cfg)  # once, here: trainer, plan and placement all see the effective config
     for line in changes:
         print(f"--ablation {cfg.ablation}: {line}", file=sys.stderr)
     return cfg
+
+
+def _read_config_file(config_file: str) -> dict[str, Any]:
+    """A ``--config`` file's settings: a mapping of sections (``env:``, ``train:``, ...), each a mapping too, ``roles:``
+    a list of mappings (or ``role1:``, ``role2:``... mappings); any other shape is a ConfigError naming the key."""
+    import yaml
+
+    where = f"--config {config_file}"
+    try:
+        loaded = OmegaConf.to_container(OmegaConf.load(config_file))
+    except (OSError, OmegaConfBaseException, yaml.YAMLError) as e:  # OmegaConf.load: a scalar, or not YAML
+        mark = getattr(e, "problem_mark", None)
+        why = f"{e.problem}, line {mark.line + 1} column {mark.column + 1}" if mark else str(e).strip().splitlines()[0]
+        raise ConfigError(f"{where}: not a YAML mapping of sections ({why})") from None
+    loaded = {} if loaded is None else loaded
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{where}: expected a mapping of sections (env:, train:, ...), got a {type(loaded).__name__}")
+    defaults = Config()
+    for key, value in list(loaded.items()):
+        if key == "roles":
+            if value is not None and not (isinstance(value, list) and all(isinstance(r, dict) for r in value)):
+                raise ConfigError(f"{where}: roles must be a list of mappings (- pretrain: PATH ...), got {value!r}")
+        elif _ROLE_FLAG.match(f"{key}.x") or (
+            key in Config.__dataclass_fields__ and is_dataclass(getattr(defaults, key))
+        ):
+            if value is None:  # an empty `train:` sets nothing
+                del loaded[key]
+            elif not isinstance(value, dict):
+                raise ConfigError(
+                    f"{where}: {key} must be a mapping of {key}.* settings (key: value lines), got {value!r}"
+                )
+    return loaded
+
+
+def _validate_start(cfg: Config) -> None:
+    """Checks of the start of a run: scenarios to train on, how the run directory is opened, the cluster wait."""
+    if cfg.env.num_scenarios < 1:
+        raise ConfigError(
+            f"--env.num_scenarios: must be >= 1 (training scenarios to generate), got {cfg.env.num_scenarios}"
+        )
+    if cfg.ckpt.load_enable and cfg.ckpt.overwrite:
+        raise ConfigError("--ckpt.overwrite: contradicts --ckpt.load_enable (resume the run, or start over: not both)")
+    if not cfg.ray.connect_timeout > 0:
+        raise ConfigError(f"--ray.connect_timeout: must be > 0 seconds, got {cfg.ray.connect_timeout}")
 
 
 def _first_line(e: OmegaConfBaseException) -> str:

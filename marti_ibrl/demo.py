@@ -150,6 +150,30 @@ def prepare(
     return str(sft_dir)
 
 
+DEMO_RUN = "demo_run.json"
+"""In the demo's run directory (``OUT/ibrl``): the demo made it, so a later demo may start over in it."""
+
+
+def start_over_flags(run_dir: Path) -> list[str]:
+    """The demo's run directory, made (and marked with :data:`DEMO_RUN`) for this run: ``--ckpt.overwrite`` when it
+    holds the demo's previous run, which is then deleted (said on the console); a run the demo did not make (no
+    mark: copied there, or trained by hand) is a ConfigError, never overwritten."""
+    from marti_ibrl.commit import run_contents
+
+    found, flags = run_contents(run_dir), []
+    if found and not (run_dir / DEMO_RUN).is_file():
+        raise ConfigError(
+            f"{run_dir} holds a run the demo did not make ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''})"
+            ": give the demo another --out, or move that run away"
+        )
+    if found:
+        _step(f"starting over in {run_dir}: the previous demo run there is deleted")
+        flags = ["--ckpt.overwrite", "true"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / DEMO_RUN).write_text(json.dumps({"made_by": "marti-ibrl demo"}) + "\n")
+    return flags
+
+
 def main(args: argparse.Namespace) -> int:
     """The demo; a config error (the recipe's, or ``train.device cuda`` without CUDA, checked before the SFT step)
     is one ``marti-ibrl demo: error:`` line and exit 2."""
@@ -202,6 +226,7 @@ def main(args: argparse.Namespace) -> int:
         _step(f"SFT warm start written to {sft_dir} ({SFT_RECORD} says how); start IB-RL from it with --sft {sft_dir}")
         return 0
     try:
+        run_flags += start_over_flags(out / "ibrl")
         cfg = load_config(flags + run_flags)
         _step(f"IB-RL: {cfg.train.iterations} iterations, roles {[r.name for r in cfg.roles]}, run dir {cfg.ckpt.path}")
         t0 = time.perf_counter()

@@ -25,3 +25,17 @@ def resolve_device(requested: str) -> str:
             "use cpu (or auto) on this machine"
         )
     return requested
+
+
+CPU_DTYPES = ("fp32", "bf16")
+"""``--ds.param_dtype`` values that train on CPU: DeepSpeed's fp16 path (loss scaling, fused fp16 optimizer) is GPU
+only, so fp16 on CPU would fail in DeepSpeed after Ray and every rank started."""
+
+
+def check_device_dtype(param_dtype: str, device: str) -> None:
+    """A ConfigError naming ``--ds.param_dtype`` when ``device`` (resolved) cannot train in it."""
+    if device == "cpu" and param_dtype not in CPU_DTYPES:
+        raise ConfigError(
+            f"--ds.param_dtype: {param_dtype} does not train on CPU (DeepSpeed's fp16 mixed precision is GPU only); "
+            f"use fp32 (the fastest on CPU) or bf16"
+        )

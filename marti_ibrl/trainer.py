@@ -38,10 +38,17 @@ from marti_ibrl.algorithm.pool import (
 )
 from marti_ibrl.algorithm.schedule import roles_due
 from marti_ibrl.backend.nodes import NodeLostError, NodeWatch, loss_message
-from marti_ibrl.backend.openrlhf_glue import RoleStack, engine_kind, init_ray, kill_actors, start_engines
-from marti_ibrl.commit import STATE_FILE, Commit, pin_deepspeed_latest
+from marti_ibrl.backend.openrlhf_glue import (
+    RoleStack,
+    engine_kind,
+    init_ray,
+    kill_actors,
+    start_engines,
+    wait_for_cluster,
+)
+from marti_ibrl.commit import STATE_FILE, Commit, RunDirError, clear_run, open_run_dir, pin_deepspeed_latest
 from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
-from marti_ibrl.device import resolve_device
+from marti_ibrl.device import check_device_dtype, resolve_device
 from marti_ibrl.envs import make_env
 from marti_ibrl.placement import frozen_checkpoints, shares_engines, uses_pool
 from marti_ibrl.rewards import RoleRewards
@@ -117,6 +124,22 @@ def role_samples(scored: Sequence[tuple[Trajectory, float]], role: str, max_len:
     return samples
 
 
+def training_scenarios(cfg: Config) -> tuple:
+    """The environment and its training scenarios; a ConfigError naming ``--env.data`` (or ``--env.num_scenarios``)
+    when the scenario file does not parse or there is nothing to train on."""
+    try:
+        env, scenarios = make_env(cfg.env, cfg.train.seed)
+    except ValueError as e:  # the env's loaders name the file and line (UnicodeDecodeError: a binary file)
+        if cfg.env.data is None:
+            raise
+        why = f"{cfg.env.data} is not a text file ({e.reason})" if isinstance(e, UnicodeDecodeError) else str(e)
+        raise ConfigError(why if why.startswith("--env.data") else f"--env.data: {why}") from None
+    if not scenarios:
+        flag = f"--env.data: {cfg.env.data} holds" if cfg.env.data else "--env.num_scenarios: gives"
+        raise ConfigError(f"{flag} no training scenarios")
+    return env, scenarios
+
+
 PROMPT_CHECK_SCENARIOS = 8
 """Training scenarios whose first prompts :func:`check_first_turns_fit` renders before Ray starts (cheap)."""
 
@@ -127,10 +150,13 @@ def check_first_turns_fit(cfg: Config, env, scenarios: Sequence[tuple[str, objec
     training scenarios. Such dialogues end as ``context_limit`` before anyone speaks (the runner's rule,
     :func:`marti_ibrl.rollout.runner.context_full`); prompts too long for the cap would lose most of the run.
     Every engine-served policy is checked with its own tokenizer: trained roles' and frozen checkpoints'."""
-    from transformers import AutoTokenizer
-
     paths = {r.name: ([] if r.frozen else [r.pretrain]) + frozen_checkpoints(r) for r in cfg.roles}
-    loaded = {p: AutoTokenizer.from_pretrained(p) for p in {p for ps in paths.values() for p in ps}}
+    flags = {
+        p: f"--role{i}.{'frozen' if r.frozen else 'pretrain'}"
+        for i, r in enumerate(cfg.roles, 1)
+        for p in paths[r.name]
+    }
+    loaded = {p: checkpoint_tokenizer(p, flags[p]) for p in {p for ps in paths.values() for p in ps}}
     tokenizers = {role: [loaded[p] for p in ps] for role, ps in paths.items()}
     max_new, max_len = cfg.rollout.max_new_tokens, cfg.rollout.max_len
     over = first_turns_overflowing(env, scenarios[:PROMPT_CHECK_SCENARIOS], tokenizers, max_new, max_len)
@@ -142,6 +168,28 @@ def check_first_turns_fit(cfg: Config, env, scenarios: Sequence[tuple[str, objec
             f"first {min(len(scenarios), PROMPT_CHECK_SCENARIOS)} scenarios do not fit); "
             f"need --rollout.max_len >= {n + max_new}"
         )
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
+
+def checkpoint_tokenizer(path: str, flag: str):
+    """The tokenizer of the HF checkpoint ``path`` (given by ``flag``); a ConfigError naming the flag when ``path`` is
+    no checkpoint (no ``config.json``) or its tokenizer does not load, before Ray or DeepSpeed would find out."""
+    from transformers import AutoTokenizer
+
+    if not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"{flag}: {path} is not a Hugging Face checkpoint (no config.json in it)")
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):  # transformers would make an empty one
+        raise ConfigError(f"{flag}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:  # e.g. a slow tokenizer without sentencepiece / tiktoken installed
+        why = " ".join(str(e).split())
+        raise ConfigError(f"{flag}: the tokenizer of {path} does not load: {why[:300]}") from None
+    if not tokenizer.chat_template:
+        raise ConfigError(f"{flag}: the tokenizer of {path} has no chat template (every turn is rendered with it)")
+    return tokenizer
 
 
 class Timer:
@@ -172,7 +220,8 @@ class IBRLTrainer:
             )
         self.cfg = cfg
         device = resolve_device(cfg.train.device)  # ConfigErrors come before anything is written or started
-        self.env, scenarios = make_env(cfg.env, cfg.train.seed)
+        check_device_dtype(cfg.ds.param_dtype, device)
+        self.env, scenarios = training_scenarios(cfg)
         check_first_turns_fit(cfg, self.env, scenarios)
         self.roles = [r.name for r in cfg.roles]  # every seat
         self.trained = [r.name for r in cfg.roles if not r.frozen]
@@ -190,17 +239,27 @@ class IBRLTrainer:
         self.logger = self._make_logger()
 
     def _open_run_dir(self) -> Commit | None:
-        """``--ckpt.path`` with the run's config; its last commit when resuming (``--ckpt.load_enable``)."""
+        """``--ckpt.path`` with the run's config; its last commit when resuming (``--ckpt.load_enable``). A directory
+        that holds a run is refused unless resumed or ``--ckpt.overwrite`` (:func:`marti_ibrl.commit.open_run_dir`)."""
         cfg = self.cfg
         self.run_dir = Path(cfg.ckpt.path)
-        commit = Commit.read(self.run_dir) if cfg.ckpt.load_enable else None
-        if commit is not None:
-            commit.check(cfg.train.seed)  # before anything is written: a refused resume leaves the run as it was
-        elif cfg.ckpt.load_enable:  # nothing committed: never load a half-written checkpoint
+        commit = open_run_dir(
+            self.run_dir, resume=cfg.ckpt.load_enable, overwrite=cfg.ckpt.overwrite, seed=cfg.train.seed
+        )  # before anything is written: a refused start leaves the directory as it was
+        if commit is None and cfg.ckpt.load_enable:  # nothing committed: never load a half-written checkpoint
             print(f"--ckpt.load_enable: no {STATE_FILE} in {self.run_dir}, starting from iteration 1")
             cfg.ckpt.load_enable = False
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        if cfg.ckpt.overwrite:
+            deleted, kept = clear_run(self.run_dir, self.roles)
+            if deleted:
+                left = f"; left as they were: {', '.join(kept)}" if kept else ""
+                print(f"--ckpt.overwrite: deleted the run in {self.run_dir} ({', '.join(deleted)}){left}", flush=True)
+            cfg.ckpt.overwrite = False  # done: RUN/config.yaml reused as a --config must not delete this run
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        except OSError as e:
+            raise RunDirError(f"--ckpt.path: {self.run_dir}: {e.strerror or e}") from None
         return commit
 
     def _start_processes(self, device: str, commit: Commit | None) -> None:
@@ -208,6 +267,8 @@ class IBRLTrainer:
         ``RUN/topology.json``; the actors' models (loaded from the committed tag when resuming), then the engines
         synced to them."""
         cfg = self.cfg
+        if cfg.ray.address:  # a cluster that does not answer: one line after --ray.connect_timeout, not Ray's retries
+            wait_for_cluster(cfg.ray.address, cfg.ray.connect_timeout)
         init_ray(cfg, device)
         self.stacks = {}
         for r in cfg.roles:

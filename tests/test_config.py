@@ -106,6 +106,14 @@ def test_yaml_roles_as_a_list(tmp_path: Path, ckpt: str) -> None:
         ("rollout:\n  n_samples_per_prompt: abc\n", "could not be converted"),
         ("rollout:\n  nope: 1\n", "nope"),
         ("roles: [{}, {}, {}]\n", "3 roles given"),
+        # a section that is not a mapping says so (it said ": None"), as does a file that is not one
+        ("train: 5\n", r": train must be a mapping of train\.\* settings \(key: value lines\), got 5$"),
+        ("rollout: [1, 2]\n", r": rollout must be a mapping of rollout\.\* settings .*, got \[1, 2\]$"),
+        ("role1: 5\n", r": role1 must be a mapping of role1\.\* settings .*, got 5$"),
+        ("roles: 5\n", r": roles must be a list of mappings \(- pretrain: PATH \.\.\.\), got 5$"),
+        ("- 1\n", r": expected a mapping of sections \(env:, train:, \.\.\.\), got a list$"),
+        ("5\n", r": not a YAML mapping of sections \(Invalid loaded object type: int\)$"),
+        ("train: {iterations: 2\n", r": not a YAML mapping of sections \(did not find expected ',' or '}', line 2 "),
     ],
 )
 def test_yaml_errors_name_the_file(tmp_path: Path, base: list[str], yaml_text: str, match: str) -> None:
@@ -115,6 +123,13 @@ def test_yaml_errors_name_the_file(tmp_path: Path, base: list[str], yaml_text: s
         load_config(["--config", str(path), *base])
     assert str(err.value).startswith("--config")
     assert "\n" not in str(err.value)
+
+
+def test_an_empty_section_in_a_yaml_file_sets_nothing(tmp_path: Path, base: list[str]) -> None:
+    path = tmp_path / "empty-train.yaml"
+    path.write_text("train:\nrollout:\n  batch_size: 3\n")
+    cfg = load_config(["--config", str(path), *base])
+    assert (cfg.train.iterations, cfg.rollout.batch_size) == (10, 3)
 
 
 def test_missing_config_file(base: list[str], tmp_path: Path) -> None:
@@ -146,6 +161,9 @@ def test_missing_config_file(base: list[str], tmp_path: Path) -> None:
         (["--env.name", "dond3", "--env.show_complement", "true"], "--env.show_complement: ", "two-party dond"),
         (["--rollout.max_len", "48"], "--rollout.max_len: ", "max_new_tokens"),
         (["--train.micro_batch_size", "0"], "--train.micro_batch_size: ", ">= 1"),
+        (["--env.num_scenarios", "0"], "--env.num_scenarios: ", "must be >= 1 (training scenarios to generate), got 0"),
+        (["--ckpt.overwrite", "--ckpt.load_enable", "true"], "--ckpt.overwrite: ", "resume the run, or start over"),
+        (["--ray.connect_timeout", "0"], "--ray.connect_timeout: ", "must be > 0 seconds, got 0"),
         (["positional"], "unexpected argument 'positional'", ""),
     ],
 )

@@ -17,8 +17,10 @@ from marti_ibrl.algorithm.pool import (
     Pairing,
     Snapshot,
     configurations,
+    file_sha256,
     pairings,
     sample_configuration,
+    verify_snapshots,
 )
 
 CRIT_999_2DOF = 13.816  # chi-square 99.9% quantile, 2 degrees of freedom
@@ -280,3 +282,66 @@ def test_gc_removes_only_unreferenced_snapshots(tmp_path: Path) -> None:
     assert pool.gc(keep={"v000002.safetensors"}) == []  # idempotent
     assert pool.gc(keep=set()) == ["v000002.safetensors"]
     assert all(pool.path(m).is_file() for m in pool.members)
+
+
+def _written_pool(tmp_path: Path) -> tuple[Path, dict]:
+    """Three snapshot files of equal size with their true size and sha256 in a manifest, as the trainer commits it."""
+    pool = OpponentPool(tmp_path, "agent2", size=4)
+    for v in (1, 2, 3):
+        path = pool.path_for(v)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes([v]) * 4096)
+        pool.add(Snapshot("agent2", v, v, path.name, file_sha256(path), 4096, 0.1), random.Random(0))
+    return pool.dir, json.loads(json.dumps(pool.manifest()))
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_flip_a_byte, r"v000002\.safetensors \(v2\) has sha256 [0-9a-f]{12}…, its manifest says [0-9a-f]{12}…$"),
+        (  # another snapshot's bytes (same size)
+            lambda p: p.write_bytes((p.parent / "v000001.safetensors").read_bytes()),
+            r"v000002\.safetensors \(v2\) has sha256 ",
+        ),
+        (
+            lambda p: p.write_bytes(p.read_bytes()[:1000]),
+            r"v000002\.safetensors \(v2\) is 1000 bytes, its manifest says 4096$",
+        ),
+        (lambda p: p.unlink(), r"v000002\.safetensors \(v2\) is missing$"),
+    ],
+    ids=["sha256", "another_snapshots_bytes", "truncated", "missing"],
+)
+def test_verify_snapshots_names_the_snapshot_that_differs_from_its_manifest(tmp_path: Path, damage, message) -> None:
+    """Resume checks every committed snapshot (size, then sha256) before it plays one: a changed, swapped, truncated
+    or missing file is named, not loaded (it would play other weights, or crash iterations later)."""
+    pool_dir, manifest = _written_pool(tmp_path)
+    verify_snapshots(pool_dir, manifest)  # as written: accepted
+    damage(pool_dir / "v000002.safetensors")
+    with pytest.raises(ValueError, match=message) as err:
+        verify_snapshots(pool_dir, manifest)
+    assert str(pool_dir / "v000002.safetensors") in str(err.value)
+    (pool_dir / "v000003.safetensors").unlink()  # a snapshot no manifest lists any more is none of its business
+    verify_snapshots(pool_dir, {**manifest, "members": manifest["members"][:1]})
+
+
+def test_verify_snapshots_checks_lora_adapter_directories(tmp_path: Path) -> None:
+    """A LoRA role's members are adapter directories: the sha256 of their weights, the bytes of the directory."""
+    from marti_ibrl.lora import ADAPTER_WEIGHTS, adapter_info
+
+    pool = OpponentPool(tmp_path, "agent1", size=2, adapters=True)
+    d = pool.path_for(1)
+    d.mkdir(parents=True)
+    (d / ADAPTER_WEIGHTS).write_bytes(b"w" * 512)
+    (d / "adapter_config.json").write_text("{}")
+    pool.add(Snapshot("agent1", 1, 1, d.name, **adapter_info(d), seconds=0.1), random.Random(0))
+    verify_snapshots(pool.dir, pool.manifest())
+    assert pool.members[0].bytes == 514
+    (d / ADAPTER_WEIGHTS).write_bytes(b"v" * 512)
+    with pytest.raises(ValueError, match=r"v000001 \(v1\) has sha256 "):
+        verify_snapshots(pool.dir, pool.manifest())

@@ -92,6 +92,39 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def snapshot_info(path: str | Path) -> dict:
+    """{sha256, bytes} of a snapshot on disk, as its manifest entry records them: a safetensors file's, or a LoRA
+    adapter directory's (:func:`marti_ibrl.lora.adapter_info`)."""
+    if Path(path).is_dir():
+        from marti_ibrl.lora import adapter_info
+
+        return adapter_info(path)
+    return {"sha256": file_sha256(path), "bytes": Path(path).stat().st_size}
+
+
+def verify_snapshots(pool_dir: str | Path, manifest: dict, workers: int = 4) -> None:
+    """Every member of a committed ``manifest`` (a role's entry of the commit record's ``pools``) is in ``pool_dir``
+    exactly as written: present, of its recorded size, of its recorded sha256 (hashed ``workers`` files at a time).
+    A ValueError naming the first snapshot that is not: resuming with it would play (or crash on) other weights."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    members = [Snapshot(**m) for m in manifest["members"]]
+    paths = [Path(pool_dir) / m.file for m in members]
+    for m, path in zip(members, paths, strict=True):
+        if not path.exists():
+            raise ValueError(f"pool snapshot {path} (v{m.version}) is missing")
+        size = snapshot_info(path)["bytes"] if path.is_dir() else path.stat().st_size
+        if size != m.bytes:  # cheap: a truncated file fails here, before any hashing
+            raise ValueError(f"pool snapshot {path} (v{m.version}) is {size} bytes, its manifest says {m.bytes}")
+    with ThreadPoolExecutor(max(1, min(workers, len(paths)))) as ex:
+        digests = list(ex.map(lambda p: snapshot_info(p)["sha256"], paths))
+    for m, path, digest in zip(members, paths, digests, strict=True):
+        if digest != m.sha256:
+            raise ValueError(
+                f"pool snapshot {path} (v{m.version}) has sha256 {digest[:12]}…, its manifest says {m.sha256[:12]}…"
+            )
+
+
 @dataclass
 class Snapshot:
     role: str

@@ -33,7 +33,7 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from marti_ibrl.algorithm.batching import RankSplit, split_across_ranks
 from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.algorithm.schedule import num_updates
-from marti_ibrl.config import Config, RoleConfig
+from marti_ibrl.config import Config, ConfigError, RoleConfig
 from marti_ibrl.lora import AdapterRef
 from marti_ibrl.placement import device_slots, has_reference, pool_engine_count
 from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, listen_port, ray_env_vars, share_one_gpu
@@ -448,6 +448,38 @@ def init_ray(cfg: Config, device: str) -> None:
     """Connect to a cluster (``ray.address``) or start a local Ray with the job's device slots
     (:func:`marti_ibrl.placement.device_slots`, the placement ``marti-ibrl plan`` prints)."""
     start_ray(device_slots(cfg), device, cfg.ray.address, cfg.ray.num_cpus, cfg.ray.log_to_driver)
+
+
+def wait_for_cluster(address: str, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for the Ray cluster at ``address`` (``host:port``, ``auto``, ``ray://host:port``)
+    to accept a TCP connection; a ConfigError naming ``--ray.address`` when it does not (Ray's own client retries
+    for minutes). A port that answers but is not Ray's is left to ``ray.init`` to find out."""
+    import socket
+    import time
+
+    from ray._private.services import canonicalize_bootstrap_address  # how ray.init reads `auto` and RAY_ADDRESS
+
+    flag = f"--ray.address {address}"
+    try:
+        target = canonicalize_bootstrap_address(address) if address == "auto" else address.removeprefix("ray://")
+    except (ConnectionError, ValueError) as e:  # `auto` with no cluster on this machine; a malformed address
+        raise ConfigError(f"{flag}: {' '.join(str(e).split())[:300]}") from None
+    host, _, port = (target or "").rpartition(":")
+    if not host or not port.isdigit():
+        return  # "local" (ray.init starts one), or a form only Ray knows
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.1, min(5.0, timeout))).close()
+            return
+        except OSError as e:
+            error = e
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"{flag}: nothing answers at {host}:{port} after {timeout:g} s ({error.strerror or error}); start the "
+                "cluster's head first (ray start --head), or wait longer with --ray.connect_timeout SECONDS"
+            )
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 def start_ray(
