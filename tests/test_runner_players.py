@@ -326,7 +326,6 @@ def test_a_broken_reward_leaves_the_group_counted_with_its_reason(env, tok, no_r
         else:
             assert t.reward_failures == {} and t.rewards["agent1"] == 0.5
     assert [t.scenario_uid for t in members(trajs, "agent1")] == ["s0"] * N_SAMPLES
-    assert len(members(trajs, "agent2")) == len(trajs)
 
 
 def test_too_many_reward_failures_stop_the_run_naming_the_role(env, tok, no_ray) -> None:
