@@ -186,3 +186,18 @@ def test_deepspeed_skips_non_finite_steps_on_every_stage_and_dtype(tmp_path: Pat
         ], name
     plain = result["2/fp32/plain"]
     assert plain[1][2] is False and plain[1][3] == 0  # unguarded: the NaN step is taken, the weights are NaN
+
+
+def test_cli_reports_a_stopped_run_in_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    from marti_ibrl import trainer
+    from marti_ibrl.cli import main
+
+    def stopped(cfg):
+        raise TrainingStopped("--train.max_skipped_updates 3: agent1's last 3 updates ...")
+
+    monkeypatch.setattr(trainer, "train", stopped)
+    ckpt = str(tmp_path)
+    assert main(["train", "--role1.pretrain", ckpt, "--role2.pretrain", ckpt, "--train.device", "cpu"]) == 4
+    assert capsys.readouterr().err == (
+        "marti-ibrl train: error: --train.max_skipped_updates 3: agent1's last 3 updates ...\n"
+    )
