@@ -201,3 +201,27 @@ def test_cli_reports_a_stopped_run_in_one_line(tmp_path: Path, monkeypatch, caps
     assert capsys.readouterr().err == (
         "marti-ibrl train: error: --train.max_skipped_updates 3: agent1's last 3 updates ...\n"
     )
+
+
+def test_a_write_refused_in_an_actor_stops_the_run_in_one_line() -> None:
+    """The actor's NonFiniteError reaches the driver wrapped by Ray (its traceback in the message); the run stops
+    with the actor's one line and the iteration."""
+    from ray.exceptions import RayTaskError
+
+    from marti_ibrl.backend.openrlhf_glue import NonFiniteError
+    from marti_ibrl.trainer import IBRLTrainer
+
+    cause = NonFiniteError(
+        "checkpoint run/agent1/ckpt/_actor/global_step1 not written: 2 parameter tensors hold NaN/inf"
+    )
+    wrapped = RayTaskError("RolePolicyActor.save_checkpoint", "Traceback (most recent call last): ...", cause)
+
+    def iteration(k):
+        raise wrapped.as_instanceof_cause()
+
+    trainer = object.__new__(IBRLTrainer)
+    trainer.cfg = SimpleNamespace(train=SimpleNamespace(iterations=2, check_sync=False))
+    trainer.start_iteration, trainer.topology, trainer.iteration = 1, {"nodes": []}, iteration
+    with pytest.raises(TrainingStopped) as e:
+        trainer.fit()
+    assert str(e.value) == f"iteration 1: {cause}"
