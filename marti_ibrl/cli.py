@@ -33,7 +33,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return fail(e)
     from marti_ibrl.backend.nodes import NodeLostError
-    from marti_ibrl.trainer import train
+    from marti_ibrl.trainer import TrainingStopped, train
 
     try:
         train(cfg)  # the trainer's own checks (prompts that fit --rollout.max_len) come before Ray starts
@@ -42,6 +42,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except NodeLostError as e:  # the cluster lost a node: resumable from the last commit (the message says how)
         print(f"marti-ibrl train: error: {e}", file=sys.stderr)
         return 3
+    except TrainingStopped as e:  # NaN/inf rewards, steps or weights past their limits; the last commit is intact
+        print(f"marti-ibrl train: error: {e}", file=sys.stderr)
+        return 4
     return 0
 
 

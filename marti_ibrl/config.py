@@ -9,10 +9,12 @@ Every error is a :class:`ConfigError` naming the offending flag; no value is sil
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field, is_dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +198,15 @@ class TrainConfig:
     (and a pool engine's with its snapshot file), append them to ``RUN/sync_checks.jsonl`` and stop on a mismatch:
     a check of the actor -> engine weight broadcast (NCCL, gloo) for a new cluster or a new model. Costs a gather
     of every parameter per role and iteration."""
+    max_reward_failures: float = 0.5
+    """Stop the run when more than this fraction of an iteration's dialogues have no reward for a trained role (an
+    LLM judge failing after its retries, a reward function raising or returning NaN/inf: each such dialogue leaves
+    the role's groups, counted in ``ROLE/reward/failures``), before the iteration trains or saves anything.
+    1 never stops."""
+    max_skipped_updates: int = 3
+    """Stop the run when this many updates of one role in a row had optimizer steps skipped for a NaN/inf loss or
+    gradient (``ROLE/update/skipped``; a skipped step leaves the weights as they were), before the iteration is
+    saved."""
 
 
 @dataclass
@@ -503,6 +514,9 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
         if not ok:
             raise ConfigError(f"--{flag}: {why}")
 
+    for flag, value in config_floats(cfg):  # every float of the schema, before any check compares one
+        need(math.isfinite(value), flag, f"must be a finite number, got {value}")
+
     need(cfg.env.max_rounds >= 1, "env.max_rounds", "must be >= 1")
     need(cfg.env.max_resamples >= 0, "env.max_resamples", "must be >= 0")
     need(cfg.env.prompt_style in ("paper", "compact"), "env.prompt_style", "must be paper or compact")
@@ -535,6 +549,8 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
     need(cfg.train.iterations >= 1, "train.iterations", "must be >= 1")
     need(cfg.train.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
     need(cfg.train.max_epochs >= 1, "train.max_epochs", "must be >= 1")
+    need(0 <= cfg.train.max_reward_failures <= 1, "train.max_reward_failures", "must be in [0, 1]")
+    need(cfg.train.max_skipped_updates >= 1, "train.max_skipped_updates", "must be >= 1")
     need(cfg.train.device in ("auto", "cpu", "cuda"), "train.device", "must be auto, cpu or cuda")
     need(cfg.ds.zero_stage in (0, 1, 2, 3), "ds.zero_stage", "must be 0, 1, 2 or 3")
     need(cfg.ds.param_dtype in ("bf16", "fp16", "fp32"), "ds.param_dtype", "must be bf16, fp16 or fp32")
@@ -704,6 +720,20 @@ def _validate_colocate(cfg: Config, trained: list[RoleConfig], need) -> None:
         f"--train.colocate {mode} offloads the optimizer states while engines generate (OpenRLHF's "
         "--ds.enable_sleep): ZeRO-0 has no offloadable optimizer; use 1, 2 or 3",
     )
+
+
+def config_floats(node: Any, flag: str = "") -> Iterator[tuple[str, float]]:
+    """(flag, value) of every float in a config (a :class:`Config`, or any section of one): every float field of
+    every section, each role's (``roleN.lr``) and list items (``pool.probs``) included; NaN and ±inf among them are
+    refused by :func:`validate` (omegaconf takes ``inf``/``nan`` for a float field, from YAML or the command line)."""
+    if is_dataclass(node):
+        for f in fields(node):
+            yield from config_floats(getattr(node, f.name), f"{flag}.{f.name}" if flag else f.name)
+    elif isinstance(node, list):
+        for i, item in enumerate(node, start=1):
+            yield from config_floats(item, f"role{i}" if flag == "roles" else flag)
+    elif isinstance(node, float):
+        yield flag, node
 
 
 def _validate_lora(cfg: Config, role: RoleConfig, p: str, need) -> None:

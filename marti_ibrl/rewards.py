@@ -16,7 +16,9 @@ reward is computed independently; rewards are not assumed zero-sum or aligned.
 
 A reward that cannot be computed (a judge still failing after its retries, a remote reward model down) raises
 :class:`RewardUnavailable`: the rollout runner records the reason in ``trajectory.reward_failures`` and the trainer
-drops that trajectory from the role's GRPO group (counted as ``ROLE/reward_failed``), never scoring it 0.
+drops that trajectory from the role's GRPO group (counted as ``ROLE/reward_failed``), never scoring it 0. Any other
+exception, or a NaN/inf reward, is turned into one by :func:`marti_ibrl.reward_types.score`, which every reward call
+goes through; ``--train.max_reward_failures`` stops a run that loses too many.
 
 ``RewardFn``, ``RULE``, ``JUDGE`` and ``RewardUnavailable`` live in :mod:`marti_ibrl.reward_types` (below this module
 and the environments' judges, which import them from there) and are re-exported here.

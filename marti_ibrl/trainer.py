@@ -14,6 +14,7 @@ import copy
 import json
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ from marti_ibrl.algorithm.pool import (
 from marti_ibrl.algorithm.schedule import roles_due
 from marti_ibrl.backend.nodes import NodeLostError, NodeWatch, loss_message
 from marti_ibrl.backend.openrlhf_glue import (
+    NonFiniteError,
     RoleStack,
     engine_kind,
     init_ray,
@@ -111,6 +113,52 @@ def report_reward_failures(k: int, trajectories: Sequence[Trajectory], roles: Se
             tqdm.write(
                 f"iteration {k}: {len(reasons)} of {len(trajectories)} dialogues have no {r} reward and are left out "
                 f"of its groups (first reason: {reasons[0]})"
+            )
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped before the iteration named in the message trained or was saved; the last commit (the previous
+    save) is intact and ``--ckpt.load_enable true`` resumes from it."""
+
+
+def check_reward_failures(k: int, trajectories: Sequence[Trajectory], roles: Sequence[str], limit: float) -> None:
+    """:class:`TrainingStopped` when more than ``limit`` (``--train.max_reward_failures``) of iteration k's dialogues
+    have no reward for one of ``roles`` (the trained roles), naming the role, the reasons by kind and the first."""
+    for r in roles:
+        reasons = [t.reward_failures[r] for t in trajectories if r in t.reward_failures]
+        if trajectories and len(reasons) / len(trajectories) > limit:
+            kinds = Counter(reason.split(":")[0] for reason in reasons)
+            raise TrainingStopped(
+                f"--train.max_reward_failures {limit:g}: iteration {k}: {len(reasons)} of {len(trajectories)} dialogues "
+                f"have no {r} reward ({', '.join(f'{n} {kind}' for kind, n in kinds.most_common())}; first: "
+                f"{reasons[0]}); stopped before iteration {k} trained or saved anything"
+            )
+
+
+def stepped(status: dict) -> bool:
+    """Whether a role's update moved its weights: some optimizer step of it was not skipped for a NaN/inf loss or
+    gradient (``update/steps`` > ``update/skipped``, from :meth:`RolePolicyActorBase.fit`)."""
+    return status.get("update/steps", 1.0) > status.get("update/skipped", 0.0)
+
+
+def count_skipped_updates(k: int, status: dict[str, dict], in_a_row: dict[str, int], limit: int) -> None:
+    """Per updated role: a console line when optimizer steps of its update were skipped (a NaN/inf loss or gradient;
+    the weights did not move for them), and ``in_a_row[role]`` counted; :class:`TrainingStopped` when it reaches
+    ``limit`` (``--train.max_skipped_updates``), before the iteration is saved."""
+    for r, s in status.items():
+        skipped = int(s.get("update/skipped", 0))
+        in_a_row[r] = in_a_row.get(r, 0) + 1 if skipped else 0
+        if not skipped:
+            continue
+        tqdm.write(
+            f"iteration {k}: {r}: {skipped} of {int(s['update/steps'])} optimizer steps skipped for a NaN/inf loss or "
+            f"gradient norm (weights unchanged by them; {in_a_row[r]} update(s) in a row)"
+        )
+        if in_a_row[r] >= limit:
+            raise TrainingStopped(
+                f"--train.max_skipped_updates {limit}: {r}'s last {in_a_row[r]} updates (to iteration {k}) had optimizer "
+                f"steps skipped for a NaN/inf loss or gradient norm; stopped before iteration {k} was saved (lower its "
+                "--roleN.lr, check its rewards)"
             )
 
 
@@ -231,6 +279,7 @@ class IBRLTrainer:
         self._start_rollout()
         self._start_pools()
         self.updates = {r: 0 for r in self.trained}  # each role's update count (schedule, snapshot versions)
+        self.skipped_in_a_row: dict[str, int] = {}  # per role: its latest updates with NaN/inf steps skipped
         self.start_iteration = 1
         self.history: list[dict] = []
         self.rollout_log: list[dict] = []  # per iteration: configuration, opponents, scenario order
@@ -387,6 +436,7 @@ class IBRLTrainer:
             self.finish_snapshots()
         scored = self.training_rewards(trajectories)  # Eq. 4 membership; R_i (or an ablation's reward)
         report_reward_failures(k, trajectories, self.roles)  # e.g. a failed judgement: out of that role's groups
+        check_reward_failures(k, trajectories, self.trained, cfg.train.max_reward_failures)
         learning = [r for r in schedule if scored[r]]  # due, and with group members: something to learn from
         with timer("experience"), ThreadPoolExecutor(max(1, len(learning))) as pool:  # per-role masks m_i, Eq. 4
             precomputed = self.ablation.joint_baseline  # advantages already made over every role (Table 3)
@@ -399,7 +449,8 @@ class IBRLTrainer:
             fits = {r: self.stacks[r].fit_async(experiences[r], seed=self._seed(f"update/{r}", k)) for r in learning}
             status = {r: ray.get(refs)[0] for r, (refs, _) in fits.items() if refs is not None}
             splits = {r: split for r, (_, split) in fits.items()}
-            updated = list(status)  # the roles whose optimizer stepped
+            count_skipped_updates(k, status, self.skipped_in_a_row, cfg.train.max_skipped_updates)
+            updated = [r for r in status if stepped(status[r])]  # the roles whose weights moved
         with timer("weight_sync"):  # only updated roles re-sync their engines (a LoRA role: its adapter only)
             refs = {r: self.stacks[r].sync_engines_async(self.updates[r] + 1) for r in updated}
             synced = {r: next((x for x in ray.get(rs) if x), None) for r, rs in refs.items()}
@@ -555,6 +606,8 @@ class IBRLTrainer:
                     if cfg.ckpt.save_steps > 0 and k % cfg.ckpt.save_steps == 0 and k < cfg.train.iterations:
                         self.save(k)
                 self.save(cfg.train.iterations, final=True)
+            except NonFiniteError as e:  # a role's actor refused (Ray wraps it): one line, not the actor's traceback
+                raise TrainingStopped(f"iteration {k}: {getattr(e, 'cause', e)}") from None
             except ray.exceptions.RayError as e:  # a lost node's first sign is often an actor gone
                 lost = watch.lost_error(e)  # (the watch's interrupt may land in here: the outer handler takes it)
                 if not lost:
@@ -683,9 +736,10 @@ class IBRLTrainer:
             scored = [t.rewards[r] for t in trajectories if r in t.rewards]
             m[f"{r}/reward"] = mean(scored) if scored else float("nan")
             m[f"{r}/reward_failed"] = sum(r in t.reward_failures for t in trajectories) / n
+            m[f"{r}/reward/failures"] = float(sum(r in t.reward_failures for t in trajectories))
             m[f"{r}/utility"] = mean(t.outcome.utilities.get(r, 0.0) for t in trajectories)
             m[f"{r}/malformed"] = sum(t.outcome.info.get("fault_role") == r for t in trajectories) / n
-            m[f"{r}/updated"] = float(r in status)
+            m[f"{r}/updated"] = float(r in status and stepped(status[r]))
             m[f"{r}/scheduled"] = float(r in schedule)
             m[f"{r}/current_share"] = sum(t.policies[r] == "current" for t in trajectories) / n
             for key, value in status.get(r, {}).items():

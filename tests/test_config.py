@@ -543,3 +543,69 @@ def test_rollout_engine_choices_and_vllm_cpu_head_dim(tmp_path: Path, base: list
     with pytest.raises(ConfigError, match=r"^--rollout.engine: vLLM on CPU needs head_dim >= 32; \S+narrow has 16"):
         load_config([*base, *flags, "--role1.pretrain", str(narrow)])
     assert load_config([*base, *flags, "--role1.pretrain", str(wide)]).rollout.engine == "vllm"
+
+
+def _float_flags() -> list[str]:
+    """Every float field of the schema as a flag: each section's, and each role's as ``role1.FIELD``."""
+    from dataclasses import fields
+
+    from marti_ibrl.config import Config, RoleConfig
+
+    def floats(cls, prefix):
+        hints = __import__("typing").get_type_hints(cls)
+        for f in fields(cls):
+            if hints[f.name] in (float, float | None):
+                yield f"{prefix}{f.name}"
+            elif hasattr(hints[f.name], "__dataclass_fields__"):
+                yield from floats(hints[f.name], f"{prefix}{f.name}.")
+
+    return [*floats(Config, ""), *floats(RoleConfig, "role1.")]
+
+
+def test_every_float_field_is_checked() -> None:
+    # the flags below are found from the schema, so a new float field is covered without being listed anywhere
+    assert {"role1.lr", "role1.kl_coef", "env.invalid_penalty", "judge.timeout", "train.max_reward_failures"} <= set(
+        _float_flags()
+    )
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+@pytest.mark.parametrize("flag", _float_flags())
+def test_non_finite_floats_are_refused_by_name(base: list[str], flag: str, value: str) -> None:
+    shown = {"inf": "inf", "-inf": "-inf", "nan": "nan"}[value]
+    with pytest.raises(ConfigError, match=rf"^--{re.escape(flag)}: must be a finite number, got {shown}$"):
+        load_config([*base, f"--{flag}", value])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--role2.kl_coef", "inf"], "--role2.kl_coef: must be a finite number, got inf"),
+        (["--pool.probs", "[0.7,nan,0.1]"], "--pool.probs: must be a finite number, got nan"),
+    ],
+)
+def test_non_finite_in_roles_and_lists(base: list[str], flags: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config([*base, *flags])
+    assert str(e.value) == message
+
+
+def test_non_finite_in_a_config_file(tmp_path: Path, base: list[str]) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("env:\n  invalid_penalty: .nan\nroles:\n  - lr: .inf\n")
+    with pytest.raises(ConfigError, match=r"^--env\.invalid_penalty: must be a finite number, got nan$"):
+        load_config(["--config", str(path), *base])
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "why"),
+    [
+        ("train.max_reward_failures", "1.5", "must be in [0, 1]"),
+        ("train.max_reward_failures", "-0.1", "must be in [0, 1]"),
+        ("train.max_skipped_updates", "0", "must be >= 1"),
+    ],
+)
+def test_failure_thresholds_are_checked(base: list[str], flag: str, value: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^--{re.escape(flag)}: {re.escape(why)}$"):
+        load_config([*base, f"--{flag}", value])
+    assert (load_config(base).train.max_reward_failures, load_config(base).train.max_skipped_updates) == (0.5, 3)

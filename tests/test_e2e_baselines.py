@@ -4,6 +4,8 @@ agent2's seat is played by a pool of three frozen counterparts, one sampled per 
 §5.4): a scripted bot, a checkpoint served by its own rollout engine, and an OpenAI-compatible endpoint
 (a real HTTP server on 127.0.0.1 that always answers "<disagree>"). Only agent1 has a DeepSpeed actor, on two
 data-parallel ranks: its samples (a count that is not a multiple of micro-batch × ranks) are all trained.
+agent1's reward function is a buggy one (:func:`broken_reward`): NaN for some dialogues, a ValueError for others;
+those leave its groups, counted, and its weights stay finite.
 """
 
 from __future__ import annotations
@@ -15,9 +17,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
-from test_e2e_ibrl import _same, _weights
+from test_e2e_ibrl import _same, _weights, toy_reward
 
 pytestmark = pytest.mark.slow
+
+
+def broken_reward(trajectory, role, scenario) -> float:
+    """:func:`toy_reward` with a bug: NaN for one value of its hash (a 0/0), a ValueError for another."""
+    text = "".join(t.text for t in trajectory.turns if t.role == role)
+    if sum(map(ord, text)) % 7 == 0:
+        return float("nan")
+    if sum(map(ord, text)) % 7 == 1:
+        raise ValueError("no score for this dialogue")
+    return toy_reward(trajectory, role, scenario)
 
 
 class _Chat(BaseHTTPRequestHandler):
@@ -58,7 +70,7 @@ def run(tmp_path_factory):
         [
             *("--role1.pretrain", model, "--role1.lr", "5e-3", "--role1.kl_coef", "0"),
             *("--role1.num_gpus_per_node", "2"),  # two DeepSpeed ranks
-            *("--role1.reward_fn", "test_e2e_ibrl:toy_reward"),
+            *("--role1.reward_fn", "test_e2e_baselines:broken_reward", "--ds.param_dtype", "fp32"),
             *("--role2.frozen", f"bot:greedy,checkpoint:{model},{endpoint}"),
             *("--env.prompt_style", "compact", "--env.max_rounds", "2"),
             *("--rollout.batch_size", "6", "--rollout.n_samples_per_prompt", "2"),
@@ -80,7 +92,7 @@ def test_only_the_trained_role_has_a_stack(run):
     assert not (tmp / "run" / "agent2").exists()
     assert [m["agent1/updated"] for m in history] == [1.0, 1.0]
     assert [m["agent2/updated"] for m in history] == [0.0, 0.0]
-    init = {k: v.to(torch.bfloat16).float() for k, v in _weights(tmp / "tiny").items()}
+    init = _weights(tmp / "tiny")  # fp32, as the role trains (--ds.param_dtype fp32) and exports
     assert not _same(_weights(tmp / "run" / "agent1" / "hf"), init)
 
 
@@ -125,3 +137,20 @@ def test_two_ranks_train_every_sample_once(run):
     assert any(m["agent1/samples_made"] % (2 * 4) for m in history)
     assert all(m["agent1/samples_padding"] > 0 for m in history if m["agent1/samples_made"] % 8)
     assert not any(k.startswith("agent2/samples") for k in history[0])  # frozen: no samples of its own
+
+
+def test_broken_rewards_leave_the_groups_and_never_reach_the_weights(run):
+    """NaN rewards and a raising reward function (the run goes on): those dialogues are counted and left out of
+    agent1's groups, every update steps (no NaN loss to skip), and every checkpoint written is finite."""
+    tmp, trainer, history = run
+    failures = [m["agent1/reward/failures"] for m in history]
+    assert sum(failures) >= 2, failures  # the hash hits both bugs over 2 × 12 dialogues
+    for m in history:
+        assert m["agent1/reward_failed"] == m["agent1/reward/failures"] / m["rollout/dialogues"] <= 0.5
+        assert m["agent1/samples_made"] <= m["rollout/dialogues"] - m["agent1/reward/failures"]
+        assert math.isfinite(m["agent1/reward"]) and math.isfinite(m["agent1/policy_loss"])
+        assert (m["agent1/update/steps"], m["agent1/update/skipped"], m["agent1/updated"]) == (1.0, 0.0, 1.0)
+    exports = [tmp / "run" / "agent1" / "hf", *(tmp / "run" / "agent1" / "ckpt").glob("global_step*_hf")]
+    assert len(exports) == 3
+    for path in exports:
+        assert all(torch.isfinite(w).all() for w in _weights(path).values()), path

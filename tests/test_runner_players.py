@@ -286,6 +286,64 @@ def test_an_unavailable_reward_leaves_only_that_roles_group(env, tok, no_ray, ca
     )
 
 
+def _faulty(kind: str):
+    """agent1's reward for scenario s1 as a broken reward function gives it; 0.5 elsewhere."""
+
+    def reward(traj, role, scenario):
+        if traj.scenario_uid != "s1":
+            return 0.5
+        if kind == "raise":
+            raise ValueError("no utility for this deal")
+        return {"nan": float("nan"), "inf": float("inf"), "-inf": -float("inf"), "text": "high"}[kind]
+
+    return reward
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("nan", "non_finite: returned nan"),
+        ("inf", "non_finite: returned inf"),
+        ("-inf", "non_finite: returned -inf"),
+        ("raise", "ValueError: no utility for this deal"),
+        ("text", "not_a_number: returned 'high', not a number"),
+    ],
+)
+def test_a_broken_reward_leaves_the_group_counted_with_its_reason(env, tok, no_ray, kind: str, reason: str) -> None:
+    """NaN/inf or any exception from a reward function: the sample leaves that role's groups with its reason (as a
+    RewardUnavailable does), the run goes on, the other role keeps its reward."""
+    import math
+
+    from marti_ibrl.algorithm.advantages import members
+
+    rule = env_reward(env)
+    trajs, _ = _run(env, tok, _bot("greedy"), reward_fns={"agent1": _faulty(kind), "agent2": rule})
+    for t in trajs:
+        assert all(math.isfinite(x) for x in t.rewards.values())
+        if t.scenario_uid == "s1":
+            assert t.reward_failures == {"agent1": reason}
+            assert t.rewards == {"agent2": rule(t, "agent2", t.scenario)}
+        else:
+            assert t.reward_failures == {} and t.rewards["agent1"] == 0.5
+    assert [t.scenario_uid for t in members(trajs, "agent1")] == ["s0"] * N_SAMPLES
+
+
+def test_too_many_reward_failures_stop_the_run_naming_the_role(env, tok, no_ray) -> None:
+    from marti_ibrl.trainer import TrainingStopped, check_reward_failures
+
+    rule = env_reward(env)
+    trajs, _ = _run(env, tok, _bot("greedy"), reward_fns={"agent1": _faulty("nan"), "agent2": rule})
+    check_reward_failures(3, trajs, ROLES, 0.5)  # half of the dialogues (s1's): at the limit, the run goes on
+    check_reward_failures(3, trajs, ["agent2"], 0.0)  # agent2 lost none
+    with pytest.raises(TrainingStopped) as e:
+        check_reward_failures(3, trajs, ROLES, 0.4)
+    assert str(e.value) == (
+        f"--train.max_reward_failures 0.4: iteration 3: {N_SAMPLES} of {len(trajs)} dialogues have no agent1 reward "
+        f"({N_SAMPLES} non_finite; first: non_finite: returned nan); stopped before iteration 3 trained or saved "
+        "anything"
+    )
+
+
 def _signature(trajs: list[Trajectory]) -> list:
     return [
         (t.scenario_uid, t.sample_index, [(x.role, x.text, tuple(x.token_ids), tuple(x.logprobs)) for x in t.turns])

@@ -38,8 +38,9 @@ def members(trajectories: Sequence[Trajectory], role: str, needed: Sequence[str]
     (``learners``, :func:`marti_ibrl.algorithm.pool.pairings`), its *current* policy acted — took the seat and
     spoke at least once (a dialogue can end before a role's first turn, e.g. the opener's malformed turn or
     a three-party deal refused early) —, no frozen counterpart failed to answer, and the rewards its training
-    reward needs (``needed``, default its own) were computed: a judge failure drops the trajectory (counted,
-    never trained on as a 0)."""
+    reward needs (``needed``, default its own) were computed: a failed reward (a judge failing after its retries, a
+    reward function raising or returning NaN/inf: :func:`marti_ibrl.reward_types.score`) drops the trajectory
+    (counted, never trained on as a 0), so no group's baseline ever sees a non-finite reward."""
     needed = set(needed or [role])
     return [
         t

@@ -29,6 +29,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 from openrlhf.trainer.ray.launcher import RayActorGroup, ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
+from openrlhf.utils.deepspeed import DeepspeedStrategy
 
 from marti_ibrl.algorithm.batching import RankSplit, split_across_ranks
 from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
@@ -38,6 +39,65 @@ from marti_ibrl.lora import AdapterRef
 from marti_ibrl.placement import device_slots, has_reference, pool_engine_count
 from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, listen_port, ray_env_vars, share_one_gpu
 from marti_ibrl.rollout.engines import create_engines, params_digest
+
+
+class NonFiniteError(RuntimeError):
+    """A role's weights (or, under ZeRO-0, an update's loss) hold NaN or ±inf: nothing was written or stepped."""
+
+
+class FiniteStepStrategy(DeepspeedStrategy):
+    """OpenRLHF's DeepSpeed strategy, whose optimizer step is skipped on every rank when a loss of the accumulation
+    window or an accumulated gradient is NaN or ±inf (:func:`skip_if_non_finite`): the weights and the Adam moments
+    stay as they were, and DeepSpeed counts the step in ``skipped_steps`` (``ROLE/update/skipped``)."""
+
+    _window_finite = True  # every loss of the current accumulation window was finite (this rank)
+
+    @classmethod
+    def of(cls, args) -> FiniteStepStrategy:
+        """OpenRLHF's strategy for ``args`` (its own ``get_strategy``), as this class."""
+        from openrlhf.utils import get_strategy
+
+        guarded = cls.__new__(cls)
+        guarded.__dict__.update(vars(get_strategy(args)))
+        return guarded
+
+    def backward(self, loss: torch.Tensor, model, optimizer, **kwargs) -> None:
+        self._window_finite = self._window_finite and bool(torch.isfinite(loss.detach()).all())
+        super().backward(loss, model, optimizer, **kwargs)
+
+    def optimizer_step(self, optimizer, model, scheduler, name="model", **kwargs) -> None:
+        from openrlhf.models import Actor
+
+        engine = model.model if isinstance(model, Actor) else model
+        if engine.is_gradient_accumulation_boundary():  # the call that steps (DeepSpeed's own test)
+            skip_if_non_finite(engine, self._window_finite)
+            self._window_finite = True
+        super().optimizer_step(optimizer, model, scheduler, name, **kwargs)
+
+
+def skip_if_non_finite(engine, losses_finite: bool) -> bool:
+    """At an accumulation boundary, before ``engine.step()``: True, and the step set to be skipped, when a loss of the
+    window (``losses_finite`` False) or an accumulated gradient is NaN or ±inf on any rank.
+
+    The skip is DeepSpeed's fp16 overflow path, used for every dtype: a ZeRO optimizer whose ``overflow`` is set
+    drops the gradients instead of stepping, the engine counts ``skipped_steps`` and leaves the LR schedule alone.
+    DeepSpeed itself checks gradients only in fp16 (ZeRO-3) or fp16/bf16 (ZeRO-1/2); here the check is its own
+    ``has_overflow`` (all-reduced over the data-parallel ranks) on every stage and dtype, plus the losses. ZeRO-0 has
+    no such path: a non-finite loss there stops the update (:class:`NonFiniteError`)."""
+    from deepspeed.accelerator import get_accelerator
+
+    flag = torch.tensor([0.0 if losses_finite else 1.0], device=get_accelerator().current_device_name())
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    bad_loss = bool(flag.item())
+    optimizer = engine.optimizer
+    if not hasattr(optimizer, "has_overflow"):
+        if bad_loss:
+            raise NonFiniteError("a NaN/inf loss, and ZeRO-0 cannot skip an optimizer step: use --ds.zero_stage >= 1")
+        return False
+    skip = bad_loss or optimizer.has_overflow()
+    optimizer.check_grad_overflow = False  # ZeRO-1/2 would re-check the gradients alone in step(), dropping the loss
+    optimizer.overflow = skip
+    return skip
 
 
 class IsolatedActorPPOTrainer(ActorPPOTrainer):
@@ -179,6 +239,7 @@ class RolePolicyActorBase(RendezvousPort, PolicyModelActor.__ray_actor_class__):
 
         from marti_ibrl.lora import write_adapter
 
+        self.refuse_non_finite_weights(f"adapter {path}")
         start = time.perf_counter()
         state = self.adapter_state(dtype)
         if state is None:
@@ -230,6 +291,39 @@ class RolePolicyActorBase(RendezvousPort, PolicyModelActor.__ray_actor_class__):
     def weights_digest(self) -> str:
         """sha256 over the (gathered) parameters, identical on every rank; for tests and logs."""
         return params_digest(self._gathered_parameters())
+
+    # -- non-finite guards: no step on a NaN/inf loss or gradient, nothing written from NaN/inf weights ---------
+
+    def fit(self, kl_ctl: float = 0):
+        """OpenRLHF's update, its status with ``update/steps`` (optimizer steps taken) and ``update/skipped`` (those
+        skipped for a NaN/inf loss or gradient: :class:`FiniteStepStrategy`; the weights did not move for them)."""
+        engine = self.actor.model
+        steps, skipped = engine.global_steps, engine.skipped_steps
+        status = super().fit(kl_ctl)
+        status["update/steps"] = float(engine.global_steps - steps)
+        status["update/skipped"] = float(engine.skipped_steps - skipped)
+        return status
+
+    def refuse_non_finite_weights(self, what: str) -> None:
+        """Raise :class:`NonFiniteError` (on every rank alike) when any parameter holds NaN or ±inf, before ``what``
+        is written. Each rank checks the parameters it holds (its ZeRO-3 shard), so nothing is gathered."""
+        from deepspeed.accelerator import get_accelerator
+
+        bad = [n for n, p in self.actor.model.module.named_parameters() if not torch.isfinite(_local(p)).all()]
+        count = torch.tensor([float(len(bad))], device=get_accelerator().current_device_name())
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        if count.item():
+            where = f" (e.g. {', '.join(bad[:3])})" if bad else ""
+            raise NonFiniteError(f"{what} not written: {int(count.item())} parameter tensors hold NaN/inf{where}")
+
+    def save_checkpoint(self, tag, client_states=None, metric_value=None, metric_key=None):
+        self.refuse_non_finite_weights(f"checkpoint {Path(self.strategy.args.ckpt.path) / '_actor' / tag}")
+        return super().save_checkpoint(tag, client_states, metric_value, metric_key)
+
+    def save_model(self):
+        self.refuse_non_finite_weights(f"HF export {self.strategy.args.ckpt.output_dir}")
+        return super().save_model()
 
     def prepare_update(self, items: list, seed: int) -> int:
         """Load this rank's share of the update and seed it; returns the accumulation steps (0: nothing to train).
@@ -291,6 +385,7 @@ class RolePolicyActorBase(RendezvousPort, PolicyModelActor.__ray_actor_class__):
 
         from marti_ibrl.algorithm.pool import file_sha256
 
+        self.refuse_non_finite_weights(f"snapshot {path}")
         start = time.perf_counter()
         rank0 = torch.distributed.get_rank() == 0
         to = torch.bfloat16 if dtype == "bf16" else torch.float32
@@ -308,6 +403,11 @@ class RolePolicyActorBase(RendezvousPort, PolicyModelActor.__ray_actor_class__):
 
 
 RolePolicyActor = ray.remote(num_gpus=1)(RolePolicyActorBase)
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """The part of a parameter this rank holds: its ZeRO-3 shard (``ds_tensor``), else the parameter itself."""
+    return getattr(p, "ds_tensor", p)
 
 
 class RoleReferenceActorBase(RendezvousPort, ReferenceModelActor.__ray_actor_class__):
@@ -568,11 +668,10 @@ class RoleStack:
     def start(cls, cfg: Config, role: RoleConfig, device: str, engines: list | None = None) -> RoleStack:
         """Create the role's engines and actor groups (models load in :meth:`init_models`). ``engines``: another
         role's engine set to serve this role's adapters too (``--rollout.share_engines``) instead of its own."""
-        from openrlhf.utils import get_strategy
         from transformers import AutoTokenizer
 
         args = role_args(cfg, role, device)
-        strategy = get_strategy(args)
+        strategy = FiniteStepStrategy.of(args)
         seed = cfg.train.seed + 1000 * (cfg.roles.index(role) + 1)
         if engines is None:
             engines = start_engines(cfg, role, role.pretrain, seed, device, role.num_engines)

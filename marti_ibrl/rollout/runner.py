@@ -24,9 +24,10 @@ fit a role's context (``max_len``, :func:`context_full`) ends without a deal (``
 the first turn obeys the same rule, so a system prompt that leaves no room ends its dialogue before any engine
 sees the prompt (an engine would reject a prompt past its ``max_model_len`` and fail the whole batch).
 
-A reward function that raises :class:`~marti_ibrl.reward_types.RewardUnavailable` (an LLM judge failing after its
-retries) leaves that role without a reward for the dialogue: the reason goes to ``trajectory.reward_failures``
-and the trainer keeps the trajectory out of that role's group.
+A reward that cannot be had (an LLM judge failing after its retries: :class:`~marti_ibrl.reward_types.RewardUnavailable`;
+a reward function raising anything else, or returning NaN/inf: :func:`~marti_ibrl.reward_types.score`) leaves that
+role without a reward for the dialogue: the reason goes to ``trajectory.reward_failures`` and the trainer keeps the
+trajectory out of that role's group.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import ray
 from tqdm import tqdm
 
 from marti_ibrl.envs.base import DialogueEnv
-from marti_ibrl.reward_types import RewardUnavailable
+from marti_ibrl.reward_types import RewardUnavailable, score
 from marti_ibrl.rollout.dialogue import Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
 
@@ -232,7 +233,7 @@ class DialogueRunner:
                 for role, future in futures.items():
                     try:
                         traj.rewards[role] = float(future.result())
-                    except RewardUnavailable as missing:  # e.g. a judge failing after its retries
+                    except RewardUnavailable as missing:  # a judge failing after its retries, a NaN, a raise
                         traj.reward_failures[role] = f"{missing.kind}: {missing.reason}"
         bar.close()
         return sorted(done, key=lambda t: request_order[id(t)])
@@ -335,4 +336,4 @@ class DialogueRunner:
 
     def _score_async(self, pool: ThreadPoolExecutor, traj: Trajectory) -> dict[str, Future]:
         traj.outcome = self.env.outcome(traj.state)
-        return {role: pool.submit(fn, traj, role, traj.scenario) for role, fn in self.reward_fns.items()}
+        return {role: pool.submit(score, fn, traj, role, traj.scenario) for role, fn in self.reward_fns.items()}
