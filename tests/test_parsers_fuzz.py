@@ -180,6 +180,34 @@ def test_nesting_limit_exact():
         safeparse.raw_decode('{"a":' * 50_000)
 
 
+def test_deep_nesting_is_invalid_json_not_a_crash():
+    deep = '{"reply": ' * 5000  # json recursed once per level: RecursionError
+    assert "nested more than" in telesales.parse_customer_turn(deep).error
+    with pytest.raises(Fault, match="nested more than") as fault:
+        parse_json_reply("```json\n" + deep + "\n```", lambda obj: obj)
+    assert fault.value.kind == "bad_output"
+    with pytest.raises(ValueError, match="nested more than"):
+        outputs.validate_audit("[" * 5000)
+    huge = '{"turns": [], "outcome": ' + "9" * 5000 + ', "reason": ""}'  # int() refused it: ValueError, not a Fault
+    with pytest.raises(Fault, match="a number of 5000 characters"):
+        parse_json_reply(huge, lambda obj: obj)
+
+
+@pytest.mark.parametrize(
+    "parse, text",
+    [
+        (telesales.parse_customer_turn, "```" + " " * 3000 + "x"),  # the fence regex: cubic (~9 s before)
+        (lambda t: _reply(t, dict), "```json" + "\n" * 3000 + "x"),
+        (dond.parse_utterance, "<" + " " * 6000 + "x"),  # the marker regex: quadratic (~6 s before)
+        (three_party.parse_three_party, "Deal <" + "\t" * 6000 + "/"),
+        (telesales.parse_sales_turn, "<call_function=add_business_contact" + " " * 6000 + "x"),  # (~1 s before)
+    ],
+    ids=["customer fence", "JSON reply fence", "DoND marker", "three-party marker", "sales marker"],
+)
+def test_pathological_whitespace_is_read_in_linear_time(parse, text):
+    assert timed(parse, text) < 0.2 and timed(parse, text * 2) < 0.2
+
+
 # -- the accepted language is unchanged ----------------------------------------------------------------------------
 
 OLD_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
