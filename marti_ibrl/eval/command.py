@@ -146,12 +146,16 @@ def plan(args) -> tuple[list, list[tuple]]:
     clash = [c.name for c in counterparts if c.name in names] + [f for f in dict.fromkeys(files) if files.count(f) > 1]
     if clash:
         raise ValueError(f"counterpart names must differ from each other and from the policies (NAME=SPEC): {clash}")
-    for p, c, kind in pairs:  # every checkpoint is a model (an engine would fail on it with a traceback, later)
+    return policies, pairs
+
+
+def check_models(pairs: list[tuple]) -> None:
+    """Every checkpoint of :func:`plan`'s pairs is a model (an engine would fail on it with a traceback, later)."""
+    for p, c, kind in pairs:
         flag = {"in-system": "--in-system", "held-out": "--counterpart"}.get(kind, "--policy")
         for named in (p, c):
             if named.spec.startswith("checkpoint:"):
                 _check_model("--policy" if named is p else flag, named)
-    return policies, pairs
 
 
 def check_sampling(args) -> None:
@@ -232,6 +236,7 @@ def cmd_eval(args) -> int:
         return 2
     try:
         policies, pairs = plan(args)
+        check_models(pairs)
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; give a directory (it will hold episodes/, tables.md, ...)")
