@@ -306,3 +306,5 @@ def test_eval_out_of_another_evaluation_refused_same_one_resumes(tmp_path, capsy
     assert played.value.args == ([],) and not episodes.exists()
     assert json.loads((out / command.SETTINGS).read_text())["settings"]["temperature"] == 0.7
     assert main(base) == 2 and "temperature 0.7 -> 1.0" in capsys.readouterr().err
+    (out / command.SETTINGS).write_text("[]")  # a record edited by hand: one line, nothing deleted
+    assert main(base) == 2 and "eval_settings.json is not readable" in capsys.readouterr().err

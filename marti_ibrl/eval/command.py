@@ -288,7 +288,14 @@ def claim_out(out: Path, args, pairs: list[tuple]) -> None:
     files = {episodes_file(p, c): [p.spec, c.spec] for p, c, _ in pairs}
     record = out / SETTINGS
     if record.is_file() and not args.overwrite:
-        old = json.loads(record.read_text())
+        try:
+            old = json.loads(record.read_text())
+            if not (isinstance(old["settings"], dict) and isinstance(old["files"], dict)):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(
+                f"{record} is not readable (edited by hand?): fix or delete it, or add --overwrite"
+            ) from None
         changed = [
             f"{k} {old['settings'].get(k)!r} -> {v!r}" for k, v in settings.items() if old["settings"].get(k) != v
         ]
