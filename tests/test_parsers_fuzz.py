@@ -6,8 +6,8 @@ the judges' verdicts, and the TeleSales evaluation's LLM outputs (Tables 8-10 an
 protocols' fragments, numbers (huge ones too), random text and long runs of one character (whitespace, digits,
 brackets, backticks, ``<``, ...: the inputs that made the old regexes quadratic or cubic, ``int()`` raise past 4300
 digits and ``json`` recurse past its limit). Every parser reads every text, within :data:`BOUND` seconds each:
-:data:`EXAMPLES` cases per parser (10,000, ~20 s for all of them on 2 busy CPU cores; set ``MARTI_FUZZ_EXAMPLES``
-to run fewer while editing). Next to the fuzzing, the parsers' accepted language is checked unchanged: round trips
+:data:`EXAMPLES` cases per parser (10,000: 37 s wall, 22 s CPU, for all seven on the 2-core machine at load 11-18;
+set ``MARTI_FUZZ_EXAMPLES`` to run fewer while editing). Next to the fuzzing, the parsers' accepted language is checked unchanged: round trips
 of the formatters, and the rewritten regexes against the old ones on short texts.
 """
 
