@@ -211,8 +211,9 @@ class DialogueRunner:
                 """Rewards into the trajectories scored so far (all of them when ``wait``, else those scored), each
                 then handed to ``on_done``."""
                 nonlocal scoring
-                ready = [s for s in scoring if wait or all(f.done() for f in s[1].values())]
-                scoring = [s for s in scoring if not any(s is r for r in ready)]
+                is_ready = [wait or all(f.done() for f in futures.values()) for _, futures in scoring]
+                ready = [s for s, r in zip(scoring, is_ready) if r]
+                scoring = [s for s, r in zip(scoring, is_ready) if not r]
                 for traj, futures in ready:
                     self._collect(traj, futures)
                     if on_done is not None:
