@@ -52,6 +52,7 @@ setup(
             "pytest-timeout",
             "pytest-xdist==3.8.0",
             "ruff==0.17.*",
+            "hypothesis==6.170.*",  # the parsers' property-based fuzz tests (tests/test_parsers_fuzz.py)
             *PEOPLE,
             "playwright==1.65.2",
         ],

@@ -56,9 +56,10 @@ from typing import Any, TypeVar
 
 import httpx
 
+from marti_ibrl import safeparse
+
 T = TypeVar("T")
 RETRIED = frozenset({"timeout", "connect", "transport", "http_429", "http_5xx", "bad_json", "empty", "bad_output"})
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
 STRUCTURED = ("auto", "on", "off")
 """The ``structured`` settings of :class:`AsyncChatClient` (module doc)."""
 SCHEMA_REFUSALS = ("response_format", "json_schema", "json schema", "structured output")
@@ -141,10 +142,11 @@ def reply_content(response: httpx.Response) -> str:
 
 def parse_json_reply(text: str, validator: Callable[[dict], T]) -> T:
     """``validator`` of the one JSON object in ``text`` (optionally in one markdown fence); the validator raises
-    ``ValueError`` on a bad object. Any problem is a retryable ``bad_output`` fault."""
-    body = fenced.group(1) if (fenced := _FENCE.match(text.strip())) else text.strip()
+    ``ValueError`` on a bad object. Any problem is a retryable ``bad_output`` fault, too long a number or too deep a
+    nesting included (:mod:`marti_ibrl.safeparse`)."""
+    body = safeparse.unfence(text)
     try:
-        obj = json.loads(body)
+        obj = safeparse.loads(body)
     except json.JSONDecodeError as e:
         raise Fault("bad_output", f"the reply is not one JSON object ({e.msg}): {body[:120]!r}") from None
     if not isinstance(obj, dict):

@@ -197,3 +197,114 @@ def test_eval_cli_errors(tmp_path, capsys, monkeypatch, extra, message):
     err = capsys.readouterr().err
     assert err.startswith("marti-ibrl eval: error: ") and message in err, err
     assert not out.exists()  # nothing played, nothing written
+
+
+# -- one line for each mistake, and an --out that holds another evaluation (issue 36) ---------------------------------
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    """A directory that passes for a checkpoint before any engine reads it (its config.json)."""
+    ckpt = tmp_path / "model"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    return ckpt
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--policy", "p={empty}", "--counterpart", "bot:fair"], "--policy p: {empty} is not a model (no config.json"),
+        (
+            ["--policy", "p={model}", "--counterpart", "checkpoint:{empty}"],
+            "--counterpart empty: {empty} is not a model",
+        ),
+        (
+            ["--policy", "p={model}", "--in-system", "p=checkpoint:/no/dir"],
+            "/no/dir is not a model (no such directory)",
+        ),
+        (
+            ["--policy", "p={model}", "--counterpart", "endpoint:m@http://127.0.0.1:9/v1#H36_UNSET_KEY"],
+            "the API key variable H36_UNSET_KEY is not set",
+        ),  # fmt: skip
+        (["--policy", "p={model}", "--self-play", "--temperature", "-1"], "--temperature must be >= 0"),
+        (["--policy", "p={model}", "--self-play", "--top-p", "0"], "--top-p must lie in (0, 1]"),
+        (["--policy", "p={model}", "--self-play", "--max-len", "48"], "need 1 <= --max-new-tokens < --max-len"),
+        (["--policy", "p={model}", "--self-play", "--out", "{file}"], "--out {file} is a file; give a directory"),
+        (
+            ["--policy", "p={model}", "--self-play", "--out", "{file}/sub"],
+            "--out {file}/sub: cannot make the directory",
+        ),
+    ],
+)
+def test_eval_cli_one_line_errors(tmp_path, capsys, monkeypatch, model_dir, extra, message):
+    from marti_ibrl.eval import command
+
+    def no_engines(*args):
+        raise AssertionError("the error must be caught before any engine or Ray starts")
+
+    monkeypatch.setattr(command, "engine_factory", no_engines)
+    monkeypatch.delenv("H36_UNSET_KEY", raising=False)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "afile").write_text("mine\n")
+    paths = {"{empty}": str(tmp_path / "empty"), "{model}": str(model_dir), "{file}": str(tmp_path / "afile")}
+
+    def fill(text: str) -> str:
+        for k, v in paths.items():
+            text = text.replace(k, v)
+        return text
+
+    argv = ["eval", "--out", str(tmp_path / "out"), *map(fill, extra)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("marti-ibrl eval: error: ") and fill(message) in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err  # one line
+    assert not (tmp_path / "out").exists() and (tmp_path / "afile").read_text() == "mine\n"
+
+
+class Played(Exception):
+    """Raised by a stand-in for play(): the command got as far as playing."""
+
+
+def test_eval_out_of_another_evaluation_refused_same_one_resumes(tmp_path, capsys, monkeypatch, model_dir):
+    from marti_ibrl.eval import command
+
+    def play(ev, pairs, episodes, samples=1):
+        raise Played(sorted(p.name for p in episodes.glob("*.jsonl")) if episodes.is_dir() else [])
+
+    monkeypatch.setattr(command, "play", play)
+    out = tmp_path / "eval"
+    base = ["eval", "--policy", f"p={model_dir}", "--counterpart", "hl=heldout:hardliner", "-n", "4", "--out", str(out)]
+    with pytest.raises(Played):
+        main(base)
+    episodes = out / "episodes" / "p__hl.jsonl"
+    episodes.parent.mkdir()
+    episodes.write_text('{"episode_id": "gen-1|agent1|0"}\n')  # what that evaluation played before it was stopped
+
+    # the same evaluation resumes, with more scenarios, samples or counterparts too
+    for more in ([], ["-n", "8", "--samples", "2"], ["--counterpart", "tft=heldout:tit_for_tat"]):
+        with pytest.raises(Played, match="p__hl.jsonl"):
+            main(base + more)
+    # another evaluation's episodes: refused in one line that names what differs and the way on
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    for argv, differs in [
+        (base + ["--temperature", "0.7"], "temperature 1.0 -> 0.7"),
+        (base + ["--prompt-style", "compact"], "prompt_style 'paper' -> 'compact'"),
+        ([*base[:2], f"p={other}", *base[3:]], f"p__hl.jsonl: ['checkpoint:{model_dir}', 'heldout:hardliner'] -> "),
+        (base[:4] + ["hl=heldout:tit_for_tat"] + base[5:], "-> ['checkpoint:"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"marti-ibrl eval: error: --out {out} holds another evaluation's episodes (")
+        assert differs in err and "--overwrite" in err and err.count("\n") == 1, err
+        assert episodes.read_text() == '{"episode_id": "gen-1|agent1|0"}\n'  # untouched
+    # --overwrite: the old episodes go, the new evaluation is the one on record
+    with pytest.raises(Played) as played:
+        main(base + ["--temperature", "0.7", "--overwrite"])
+    assert played.value.args == ([],) and not episodes.exists()
+    assert json.loads((out / command.SETTINGS).read_text())["settings"]["temperature"] == 0.7
+    assert main(base) == 2 and "temperature 0.7 -> 1.0" in capsys.readouterr().err
+    (out / command.SETTINGS).write_text("[]")  # a record edited by hand: one line, nothing deleted
+    assert main(base) == 2 and "eval_settings.json is not readable" in capsys.readouterr().err

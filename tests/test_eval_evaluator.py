@@ -272,7 +272,9 @@ def test_resume_after_crash_and_truncated_line(env, tmp_path):
     with pytest.raises(RuntimeError, match="counterpart crashed"):
         evaluator(crashing).run_pair(GREEDY, counterpart, out, progress=False)
     first = lines(out)
-    assert [json.loads(x)["episode_id"] for x in first] == [episode_id(u, r, 0) for u in uids[:2] for r in ROLES]
+    # the first call's four episodes, in the order they ended (each is written as it ends)
+    ended = sorted(json.loads(x)["episode_id"] for x in first)
+    assert ended == sorted(episode_id(u, r, 0) for u in uids[:2] for r in ROLES) and len(first) == 4
 
     # killed while writing the next episode: a partial line without its newline
     partial = json.dumps({"episode_id": episode_id(uids[2], "agent1", 0), "scenario_uid": uids[2]})[:40]
@@ -432,3 +434,117 @@ def test_endpoint_partly_down_failed_stay_in_denominators(env, tmp_path, serve, 
 
 def _prompts(env: DondEnv, sc, uids: set[str]) -> set[str]:
     return {env.system_prompt(s, r) for uid, s in sc if uid in uids for r in env.roles}
+
+
+# -- hostile replies, a killed eval (issue 36) -----------------------------------------------------------------------
+
+HUGE = "<try> item0=" + "1" * 5000 + " item1=0 item2=0 <try>"  # int() refuses it: more than 4300 digits
+
+
+def test_endpoint_hostile_reply_is_a_malformed_turn(env, tmp_path, serve, made):
+    server = serve(lambda body: ok(HUGE))
+    ev = Evaluator(env, scenarios(3), SAMPLING, max_len=512)
+    out = tmp_path / "greedy__ep.jsonl"
+    eps = ev.run_pair(GREEDY, Named("ep", f"endpoint:m@{server.base_url}"), out, progress=False)
+
+    assert len(eps) == 6 and read_episodes(out) == eps  # the eval ran to its end: every episode written
+    for e in eps:
+        endpoint = next(r for r in ROLES if r != e["policy_role"])
+        assert (e["malformed"], e["failed"], e["agreed"], e["reason"]) == (True, False, False, "malformed")
+        last = e["transcript"][-1]  # the endpoint's turn, re-sampled twice, then scored as malformed
+        assert (last["role"], last["text"], last["valid"], last["resamples"]) == (endpoint, HUGE, False, 2)
+        assert [t["role"] for t in e["transcript"]] == e["seats"][: len(e["transcript"])]
+    assert len(server.requests) == 6 * 3  # one endpoint turn per episode, asked three times
+
+
+class Unreadable(DondEnv):
+    """A DoND env whose parser breaks on one reply (a bug no parser test foresaw)."""
+
+    def step(self, state, role, text):
+        if "boom" in text:
+            raise RecursionError("maximum recursion depth exceeded")
+        return super().step(state, role, text)
+
+
+class Boom:
+    name = "boom"
+
+    def respond(self, env, role, trajectories):
+        return ["boom" for _ in trajectories]
+
+
+def test_a_turn_the_env_cannot_read_is_malformed_not_a_crash(tmp_path):
+    env = Unreadable(prompt_style="compact")
+    ev = StubEvaluator(env, scenarios(2), SAMPLING, max_len=512, stubs={"stub:boom": Boom()})
+    eps = ev.run_pair(GREEDY, Named("boom", "stub:boom"), tmp_path / "b.jsonl", progress=False)
+    assert len(eps) == 4 and read_episodes(tmp_path / "b.jsonl") == eps
+    for e in eps:
+        last = e["transcript"][-1]
+        assert (e["malformed"], e["reason"], last["text"], last["valid"], last["resamples"]) == (
+            True, "malformed", "boom", False, 2,
+        )  # fmt: skip
+
+
+KILLED = """
+import os, signal, sys
+from pathlib import Path
+from marti_ibrl.envs.dond import DondEnv, generate_scenarios
+from marti_ibrl.eval.evaluator import Evaluator, Named
+from marti_ibrl.rollout import players
+from marti_ibrl.rollout.runner import Policy
+
+out, n, k = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+hardliner = players.make_player({"kind": "heldout", "name": "hardliner"})
+
+class Killer:  # the hardliner, until it is asked to answer in a dialogue of k turns: then SIGKILL, no clean-up
+    name = hardliner.name
+    def respond(self, env, role, trajectories):
+        if any(len(t.turns) >= k for t in trajectories):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return hardliner.respond(env, role, trajectories)
+
+class Ev(Evaluator):
+    def policy(self, named):
+        return Policy(named.name, player=Killer()) if named.spec == "stub:killer" else super().policy(named)
+
+sc = [(s.uid, s) for s in generate_scenarios(n, 5)]
+Ev(DondEnv(prompt_style="compact"), sc, {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 16}, max_len=512).run_pair(
+    Named("greedy", "bot:greedy"), Named("hl", "stub:killer"), out, progress=False)
+"""
+
+
+def test_killed_eval_keeps_every_finished_episode(env, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    n = 12  # 24 episodes, one runner call (the default chunk): before, none was written before the call ended
+    reference = {
+        e["episode_id"]: e
+        for e in Evaluator(env, scenarios(n), SAMPLING, max_len=512).run_pair(
+            GREEDY, Named("hl", "heldout:hardliner"), tmp_path / "whole.jsonl", progress=False
+        )
+    }
+    turns = sorted(len(e["transcript"]) for e in reference.values())
+    k = turns[len(turns) // 2]  # killed mid-way: about half of the episodes have ended
+    out = tmp_path / "episodes" / "greedy__hl.jsonl"
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    proc = subprocess.run([sys.executable, str(script), str(out), str(n), str(k)], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+
+    written = out.read_text().splitlines() if out.exists() else []
+    records = [json.loads(line) for line in written]  # every line whole: a finished episode, flushed
+    assert all(r == reference[r["episode_id"]] for r in records)
+    ids = {r["episode_id"] for r in records}
+    assert len(ids) == len(records)
+    # every episode that ended a turn or more before the kill is on disk; none that had not ended
+    ended = {i for i, e in reference.items() if len(e["transcript"]) <= k - 2}
+    assert ended and ended <= ids <= {i for i, e in reference.items() if len(e["transcript"]) <= k + 1}
+    assert len(ids) < len(reference)
+
+    # the resumed eval plays only the rest, and ends with the uninterrupted run's episodes
+    again = Evaluator(env, scenarios(n), SAMPLING, max_len=512).run_pair(
+        GREEDY, Named("hl", "heldout:hardliner"), out, progress=False
+    )
+    assert by_id(again) == by_id(list(reference.values())) == by_id(read_episodes(out))

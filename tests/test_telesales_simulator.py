@@ -535,3 +535,34 @@ def test_results_compare_policies_with_gee(tmp_path) -> None:
     assert "logistic GEE" not in write_results(tmp_path, {"base": runs["base"]}, {})
     text = write_results(tmp_path, {"a": records([0] * 40), "b": records([0] * 40)}, {})
     assert "(not estimable:" in text and (tmp_path / "results.md").read_text() == text
+
+
+def test_telesales_eval_interrupted_keeps_every_finished_call(serve, tmp_path, monkeypatch) -> None:
+    """Stopped while its one runner call still plays (issue 36): every call that had ended is on disk, audited."""
+    from marti_ibrl.eval.telesales import evaluator
+    from marti_ibrl.rollout.runner import DialogueRunner
+
+    monkeypatch.setenv("TS_KEY", "sk-ts-SECRET")
+    ended: list[str] = []
+
+    class Interrupted(DialogueRunner):
+        def run(self, *args, on_done=None, **kwargs):
+            def done(i, traj):
+                on_done(i, traj)
+                ended.append(f"{traj.scenario_uid}|{traj.sample_index}")
+                if len(ended) == 6:  # Ctrl-C with 9 of the 15 calls still to end
+                    raise KeyboardInterrupt
+
+            return super().run(*args, on_done=done, **kwargs)
+
+    monkeypatch.setattr(evaluator, "DialogueRunner", Interrupted)
+    script = Scripted()
+    script.broken_simulator = set()
+    server = serve(script)
+    out = tmp_path / "eval"
+    with pytest.raises(KeyboardInterrupt):
+        main(_argv(server.base_url, out, "--batch", "15"))  # one runner call: before, nothing was written
+    recs = _records(out / "episodes" / "gpt.jsonl")
+    assert sorted(recs) == sorted(ended) and len(ended) == 6
+    for rec in recs.values():  # whole records, each audited unless the agent's own output broke
+        assert rec["audit"] is not None or rec["reason"] == "malformed", rec

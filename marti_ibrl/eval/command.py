@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,6 +92,12 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     add_engine_argument(p)
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="--out holds another evaluation's episodes (other settings or policies): delete them and play afresh "
+        "(without it the eval refuses; the same evaluation always resumes)",
+    )
     p.set_defaults(func=cmd_eval)
     return p
 
@@ -132,12 +140,47 @@ def plan(args) -> tuple[list, list[tuple]]:
         raise ValueError("nothing to play: give --counterpart, --in-system, --self-play or --cross-play")
     if args.batch < 1 or args.num_engines < 1 or args.num_scenarios < 1:
         raise ValueError("--batch, --num-engines and -n must be >= 1")
+    check_sampling(args)
     # one file per pair, and a counterpart never shares a policy's name (the runner batches turns by name)
     files = [episodes_file(p, c) for p, c, _ in pairs]
     clash = [c.name for c in counterparts if c.name in names] + [f for f in dict.fromkeys(files) if files.count(f) > 1]
     if clash:
         raise ValueError(f"counterpart names must differ from each other and from the policies (NAME=SPEC): {clash}")
     return policies, pairs
+
+
+def check_models(pairs: list[tuple]) -> None:
+    """Every checkpoint of :func:`plan`'s pairs is a model (an engine would fail on it with a traceback, later)."""
+    for p, c, kind in pairs:
+        flag = {"in-system": "--in-system", "held-out": "--counterpart"}.get(kind, "--policy")
+        for named in (p, c):
+            if named.spec.startswith("checkpoint:"):
+                _check_model("--policy" if named is p else flag, named)
+
+
+def check_sampling(args) -> None:
+    """The sampling flags' ranges (an engine or an endpoint would refuse them mid-run)."""
+    if not args.temperature >= 0:
+        raise ValueError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must lie in (0, 1], got {args.top_p}")
+    if args.max_new_tokens < 1 or args.max_len <= args.max_new_tokens:
+        raise ValueError(f"need 1 <= --max-new-tokens < --max-len, got {args.max_new_tokens} and {args.max_len}")
+    if args.samples < 1 or args.max_rounds < 1:
+        raise ValueError(f"--samples and --max-rounds must be >= 1, got {args.samples} and {args.max_rounds}")
+
+
+def _check_model(flag: str, named) -> None:
+    """``checkpoint:PATH`` is an HF model directory (config.json) or a peft adapter (adapter_config.json)."""
+    from marti_ibrl.lora import ADAPTER_CONFIG
+
+    path = Path(named.spec.removeprefix("checkpoint:"))
+    if not ((path / "config.json").is_file() or (path / ADAPTER_CONFIG).is_file()):
+        what = "no such directory" if not path.is_dir() else f"no config.json or {ADAPTER_CONFIG} there"
+        raise ValueError(
+            f"{flag} {named.name}: {path} is not a model ({what}); give a Hugging Face checkpoint directory such as "
+            "runs/NAME/agent1/hf"
+        )
 
 
 def _in_system_counterparts(specs: list[str]) -> list:
@@ -162,6 +205,9 @@ def _check_spec(text: str) -> None:
     spec = parse_player_spec(text)
     if spec["kind"] in ("bot", "heldout"):
         make_player(spec)
+    key = spec.get("api_key_env")
+    if spec["kind"] == "endpoint" and key and not os.environ.get(key):
+        raise ValueError(f"{text}: the API key variable {key} is not set (export {key}=... or drop '#{key}')")
 
 
 def episodes_file(policy, counterpart) -> str:
@@ -190,13 +236,17 @@ def cmd_eval(args) -> int:
         return 2
     try:
         policies, pairs = plan(args)
+        check_models(pairs)
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} is a file; give a directory (it will hold episodes/, tables.md, ...)")
+        claim_out(out, args, pairs)
     except ValueError as e:
         print(f"marti-ibrl eval: error: {e}", file=sys.stderr)
         return 2
     from marti_ibrl.eval.evaluator import Evaluator
     from marti_ibrl.eval.report import write_tables
 
-    out = Path(args.out)
     try:
         pairs = merge_adapters(pairs, out / "merged")
     except ValueError as e:
@@ -219,6 +269,52 @@ def cmd_eval(args) -> int:
             print(f"endpoint {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=sys.stderr)
     print(write_tables(out))
     return 0
+
+
+SETTINGS = "eval_settings.json"
+"""``OUT/eval_settings.json``: what made the episodes under ``OUT/episodes/`` (:func:`claim_out`)."""
+EPISODE_SETTINGS = ("env", "data", "scenario_seed", "prompt_style", "bot_speech", "show_complement", "max_rounds",
+                    "temperature", "top_p", "max_new_tokens", "max_len", "seed")  # fmt: skip
+"""The flags an episode depends on (not -n, --samples: more of them extend an evaluation; not --batch, --engine, ...:
+how it is played)."""
+
+
+def claim_out(out: Path, args, pairs: list[tuple]) -> None:
+    """Resume the evaluation in ``out``, or start one there; ValueError when ``out`` holds another evaluation's
+    episodes: other :data:`EPISODE_SETTINGS`, or an episode file of a pair whose players are other checkpoints or
+    counterparts (new pairs may join). ``--overwrite`` deletes that evaluation's episodes first. ``out`` made before
+    :data:`SETTINGS` existed is taken as this evaluation's."""
+    settings = {k: getattr(args, k) for k in EPISODE_SETTINGS}
+    files = {episodes_file(p, c): [p.spec, c.spec] for p, c, _ in pairs}
+    record = out / SETTINGS
+    if record.is_file() and not args.overwrite:
+        try:
+            old = json.loads(record.read_text())
+            if not (isinstance(old["settings"], dict) and isinstance(old["files"], dict)):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(
+                f"{record} is not readable (edited by hand?): fix or delete it, or add --overwrite"
+            ) from None
+        changed = [
+            f"{k} {old['settings'].get(k)!r} -> {v!r}" for k, v in settings.items() if old["settings"].get(k) != v
+        ]
+        changed += [f"{f}: {old['files'][f]} -> {v}" for f, v in files.items() if old["files"].get(f, v) != v]
+        if changed:
+            raise ValueError(
+                f"--out {out} holds another evaluation's episodes ({'; '.join(changed)}): resume it with its own "
+                "settings, give another --out, or add --overwrite to delete them and play afresh"
+            )
+        files = {**old["files"], **files}
+    elif args.overwrite:
+        shutil.rmtree(out / "episodes", ignore_errors=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file on the way, no permission, ...
+        raise ValueError(f"--out {out}: cannot make the directory ({e.strerror})") from None
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"settings": settings, "files": files}, indent=1, sort_keys=True))
+    tmp.replace(record)
 
 
 def play(ev, pairs: list[tuple], episodes: Path, samples: int = 1) -> list[dict]:

@@ -8,9 +8,11 @@ Each scenario is played with the policy in both seats (as ``agent1`` with agent1
 ``agent2``), openers alternating across scenarios; malformed turns are re-sampled twice and then scored
 as no deal, exactly as in training (the same :class:`~marti_ibrl.rollout.runner.DialogueRunner`).
 
-Every finished episode is appended to ``OUT/episodes/POLICY__COUNTERPART.jsonl`` at once (one line:
-scenario, seats, transcript, outcome, per-role utilities, malformed/failed flags); a re-run skips the
-episodes already there, so an interrupted eval resumes where it stopped. Episodes whose endpoint
+Every finished episode is appended to ``OUT/episodes/POLICY__COUNTERPART.jsonl`` as soon as it ends (one line:
+scenario, seats, transcript, outcome, per-role utilities, malformed/failed flags; written and flushed at once, so a
+killed process loses none, and fsynced after each runner call, so a crashed machine loses at most those); a re-run
+skips the episodes already there, so an interrupted eval resumes where it stopped. Lines are in the order the
+episodes ended. Episodes whose endpoint
 counterpart failed after its retries are written with ``failed: true`` and stay in every denominator; each endpoint's
 request counts of this run (requests, retries, failures, per fault kind) are in ``OUT/endpoints.json``.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -128,9 +131,10 @@ class Evaluator:
         chunk: int = 64,
         flush_every: int = 2,
     ):
-        """``chunk`` episodes are played at once (finished ones replaced by waiting ones); results are appended
-        to the episode files every ``flush_every * chunk`` episodes (what an interrupted run can lose; each flush
-        drains the dialogues in play, which costs little: ``benchmarks/eval_refill.py``)."""
+        """``chunk`` episodes are played at once (finished ones replaced by waiting ones); one runner call plays
+        ``flush_every * chunk`` episodes (sampling seeds are drawn per call; each call drains the dialogues in play,
+        which costs little: ``benchmarks/eval_refill.py``). Each episode is written as it ends, the files fsynced
+        after every call."""
         from marti_ibrl.rewards import env_reward
 
         self.env = env
@@ -223,18 +227,29 @@ class Evaluator:
                 k0, _, uid0, _, role0 = batch[0]
                 key = f"{self.seed}/{policy.name}/{names[k0]}/{uid0}/{role0}"
                 seed = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
-                trajs = self.runner.run(
-                    scenarios, samples, seat_policies, progress=progress, seed=seed, seats=seats, max_live=self.chunk
-                )  # its own bar counts the dialogues of this flush as they end
-                for (k, _, _, _, role), group in zip(batch, _by_scenario(trajs, samples)):
-                    for t in group:
-                        rec = episode_record(t, policy.name, names[k], role, self.roles)
-                        if rec["episode_id"] in done[k]:
-                            continue
-                        files[k].write(json.dumps(rec) + "\n")
-                        played[k].append(rec)
+
+                def write(i: int, traj: Trajectory, batch=batch) -> None:  # an episode ended: on disk at once
+                    k, *_, role = batch[i]
+                    rec = episode_record(traj, policy.name, names[k], role, self.roles)
+                    if rec["episode_id"] in done[k]:
+                        return
+                    files[k].write(json.dumps(rec) + "\n")
+                    files[k].flush()
+                    done[k].add(rec["episode_id"])
+                    played[k].append(rec)
+
+                self.runner.run(
+                    scenarios,
+                    samples,
+                    seat_policies,
+                    progress=progress,
+                    seed=seed,
+                    seats=seats,
+                    max_live=self.chunk,
+                    on_done=write,
+                )  # its own bar counts the dialogues of this call as they end
                 for f in files:
-                    f.flush()
+                    os.fsync(f.fileno())
                 bar.update(len(batch) * samples)
         finally:
             for f in files:

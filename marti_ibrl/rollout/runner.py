@@ -19,7 +19,9 @@ carries a seed derived from the run seed and the call, so a resumed run replays 
 
 Malformed turns (the env says ``valid=False``) are re-sampled up to ``max_resamples`` times; the
 discarded attempts leave no trace. A turn still malformed after that ends the dialogue as
-malformed (no deal, the env's invalid penalty for its speaker). A dialogue whose next turn could not
+malformed (no deal, the env's invalid penalty for its speaker). A turn the env cannot even read (its ``step`` raises:
+a parser's bug on a hostile reply) is such a malformed turn too, never the end of the run (:meth:`DialogueRunner._step`).
+A dialogue whose next turn could not
 fit a role's context (``max_len``, :func:`context_full`) ends without a deal (``context_limit``, ``truncated``);
 the first turn obeys the same rule, so a system prompt that leaves no room ends its dialogue before any engine
 sees the prompt (an engine would reject a prompt past its ``max_model_len`` and fail the whole batch).
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,11 +46,12 @@ from typing import Any
 import ray
 from tqdm import tqdm
 
-from marti_ibrl.envs.base import DialogueEnv
+from marti_ibrl.envs.base import DialogueEnv, TurnResult
 from marti_ibrl.reward_types import RewardUnavailable, score
 from marti_ibrl.rollout.dialogue import Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
 
+log = logging.getLogger(__name__)
 CONTEXT_LIMIT = "context_limit"
 COUNTERPART_FAILURE = "counterpart_failure"
 
@@ -133,6 +137,7 @@ class DialogueRunner:
         self.max_len = max_len
         self.max_resamples = max_resamples
         self.reward_workers = reward_workers
+        self._unreadable: set[type] = set()  # exception types env.step raised on a turn (logged once each)
 
     def run(
         self,
@@ -144,6 +149,7 @@ class DialogueRunner:
         seats: Sequence[Sequence[str]] | None = None,
         max_live: int | None = None,
         rotation: Sequence[int] | None = None,
+        on_done: Callable[[int, Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """Play ``n_samples`` dialogues per (uid, scenario); ``policies[role]`` plays ``role``'s seat.
 
@@ -155,8 +161,10 @@ class DialogueRunner:
         waiting one at the following turn, so the engines' batches stay full (default: all at once).
         ``rotation``: per scenario, the index the default seat rotation counts from (default: its position; the
         trainer plays a scenario once per Eq. 6 pairing and gives every copy the scenario's batch position, so the
-        openers alternate alike in every pairing). Trajectories come back in request order: scenario by scenario,
-        sample by sample.
+        openers alternate alike in every pairing). ``on_done(i, trajectory)``: called (on this thread) as soon as a
+        dialogue of ``scenarios[i]`` has ended and its rewards are in, in the order they end: what a caller that
+        stores episodes needs to lose none when it is killed (``marti-ibrl eval``). Trajectories come back in request
+        order: scenario by scenario, sample by sample.
         """
         if max_live is not None and max_live < 1:
             raise ValueError(f"max_live must be >= 1, got {max_live}")
@@ -200,6 +208,18 @@ class DialogueRunner:
         bar = tqdm(total=total, desc="rollout", unit="dlg", disable=not progress, leave=False)
         with ThreadPoolExecutor(max_workers=self.reward_workers) as pool, ThreadPoolExecutor(4) as players:
 
+            def hand_over(wait: bool) -> None:
+                """Rewards into the trajectories scored so far (all of them when ``wait``, else those scored), each
+                then handed to ``on_done``."""
+                nonlocal scoring
+                is_ready = [wait or all(f.done() for f in futures.values()) for _, futures in scoring]
+                ready = [s for s, r in zip(scoring, is_ready) if r]
+                scoring = [s for s, r in zip(scoring, is_ready) if not r]
+                for traj, futures in ready:
+                    self._collect(traj, futures)
+                    if on_done is not None:
+                        on_done(request_order[id(traj)] // n_samples, traj)
+
             def end(item: _Live) -> None:
                 done.append(item.traj)
                 scoring.append((item.traj, self._score_async(pool, item.traj)))
@@ -229,12 +249,9 @@ class DialogueRunner:
                             end(item)
                 live = still_live
                 self._end_sessions(ended)
-            for traj, futures in scoring:
-                for role, future in futures.items():
-                    try:
-                        traj.rewards[role] = float(future.result())
-                    except RewardUnavailable as missing:  # a judge failing after its retries, a NaN, a raise
-                        traj.reward_failures[role] = f"{missing.kind}: {missing.reason}"
+                if on_done is not None:
+                    hand_over(wait=False)
+            hand_over(wait=True)
         bar.close()
         return sorted(done, key=lambda t: request_order[id(t)])
 
@@ -304,7 +321,7 @@ class DialogueRunner:
             text, out = out.strip(), {"token_ids": [], "logprobs": [], "finish_reason": "stop"}
         else:
             text = view.tokenizer.decode(out["token_ids"], skip_special_tokens=True).strip()
-        result = self.env.step(traj.state, role, text)
+        result = self._step(traj, role, text)
         if not result.valid and item.attempts < self.max_resamples:
             item.attempts += 1  # re-sample this turn; the failed attempt leaves no trace
             return True
@@ -322,6 +339,19 @@ class DialogueRunner:
             self._end_if_context_full(traj)
         return not getattr(traj.state, "done", False)
 
+    def _step(self, traj: Trajectory, role: str, text: str) -> TurnResult:
+        """``env.step``; a turn it raises on (a counterpart's or an endpoint's reply no parser foresaw) is malformed,
+        logged once per exception type, and leaves the other dialogues playing. (The envs raise before they change
+        the state: they parse the whole turn first.)"""
+        try:
+            return self.env.step(traj.state, role, text)
+        except Exception as e:  # whatever a reply does to a parser, it is that turn's fault
+            if type(e) not in self._unreadable:
+                self._unreadable.add(type(e))
+                log.warning("a %s turn of %r could not be read; malformed", role, traj.scenario_uid, exc_info=True)
+            detail = f"{type(e).__name__}: {e}"
+            return TurnResult(valid=False, done=False, reason=f"malformed: unreadable turn ({detail[:200]})")
+
     def _end_if_context_full(self, traj: Trajectory) -> bool:
         """End the dialogue as ``context_limit`` (truncated, no deal) when the next speaker's prompt breaks
         :func:`context_full`; before the first turn as after any other. True when it ended."""
@@ -333,6 +363,15 @@ class DialogueRunner:
         traj.truncated = True
         self.env.abort(traj.state, CONTEXT_LIMIT)
         return True
+
+    @staticmethod
+    def _collect(traj: Trajectory, futures: Mapping[str, Future]) -> None:
+        """The scored rewards into ``traj`` (waiting for them); a role without one gets its reason."""
+        for role, future in futures.items():
+            try:
+                traj.rewards[role] = float(future.result())
+            except RewardUnavailable as missing:  # a judge failing after its retries, a NaN, a raise
+                traj.reward_failures[role] = f"{missing.kind}: {missing.reason}"
 
     def _score_async(self, pool: ThreadPoolExecutor, traj: Trajectory) -> dict[str, Future]:
         traj.outcome = self.env.outcome(traj.state)

@@ -15,10 +15,14 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from marti_ibrl.safeparse import MAX_NUMBER_CHARS, too_long
+
 Alloc = tuple[int, int, int]
 ActionKind = Literal["chat", "try", "selection", "disagree", "malformed"]
 
-_MARKER = re.compile(r"<\s*(/?)\s*(try|selection|disagree)\s*>", re.IGNORECASE)
+# ``< / try >``: whitespace, an optional slash (group 1: "/" or None), whitespace; written so that whitespace before a
+# missing slash has one reading only (``\s*(/?)\s*`` is quadratic in it: 12 s for "<" and 8000 spaces)
+_MARKER = re.compile(r"<\s*(?:(/)\s*)?(try|selection|disagree)\s*>", re.IGNORECASE)
 _BODY = re.compile(r"^\s*item0\s*=\s*(\d+)[\s,;]+item1\s*=\s*(\d+)[\s,;]+item2\s*=\s*(\d+)\s*$")
 
 
@@ -39,7 +43,8 @@ def parse_utterance(text: str) -> Action:
     """Classify one utterance by the Table-17 protocol.
 
     Malformed: an empty utterance; markers of more than one kind; a ``<try>``/``<selection>`` that is not exactly
-    one opening and one closing marker around ``item0=N item1=N item2=N``; a closing ``</disagree>``.
+    one opening and one closing marker around ``item0=N item1=N item2=N``; a closing ``</disagree>``; a number
+    longer than :data:`~marti_ibrl.safeparse.MAX_NUMBER_CHARS` digits.
     """
     if not text or not text.strip():
         return _malformed("empty utterance")
@@ -62,6 +67,8 @@ def parse_utterance(text: str) -> Action:
     body = _BODY.match(text[opening.end() : closing.start()])
     if body is None:
         return _malformed(f"<{kind}> body must be exactly 'item0=N item1=N item2=N'")
+    if long := too_long(*body.groups()):
+        return _malformed(f"<{kind}> holds a number of {len(long)} digits (at most {MAX_NUMBER_CHARS})")
     alloc = (int(body.group(1)), int(body.group(2)), int(body.group(3)))
     return Action(kind="try" if kind == "try" else "selection", alloc=alloc)
 

@@ -47,6 +47,7 @@ from marti_ibrl.envs.dond.scenarios import (
     valid_count_vectors,
     value_vectors,
 )
+from marti_ibrl.safeparse import too_long
 
 ROLES3 = ("agent1", "agent2", "agent3")
 _UNITS = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s*$")
@@ -65,7 +66,9 @@ class ThreePartyAction:
 
 def _units(body: str) -> Alloc | None:
     m = _UNITS.match(body)
-    return None if m is None else (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    if m is None or too_long(*m.groups()):  # a number too long to read is a bad body
+        return None
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
 def parse_three_party(text: str, roles: Sequence[str] = ROLES3) -> ThreePartyAction:

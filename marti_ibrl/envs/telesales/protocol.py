@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from marti_ibrl.safeparse import raw_decode, unfence
+
 TOOL_ARGS = {"add_business_contact": ("phone_number",), "send_contact_invitation": ()}
 """Table 15's tools and their arguments."""
 TOOLS = tuple(TOOL_ARGS)
@@ -34,9 +36,9 @@ TOLERANCE = 0.011
 """Numeric slack for the consistency checks (scores are written with two decimals)."""
 KEYS = ("behavior", "stage", *(f"{s}_{k}" for s in SCORES for k in ("before", "after", "delta")), "reply")
 
-_MARKER = re.compile(r"<\s*(call_function|status)\s*=\s*([A-Za-z_]\w*)\s*(?:\(([^()<>]*)\))?\s*>")
+# whitespace before a missing argument list has one reading only (``\s*(?:\(...\))?\s*>`` is quadratic in it)
+_MARKER = re.compile(r"<\s*(call_function|status)\s*=\s*([A-Za-z_]\w*)\s*(?:\(([^()<>]*)\)\s*)?>")
 _LEFTOVER = re.compile(r"call_function|<\s*status\b|status\s*=\s*end", re.IGNORECASE)
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -121,10 +123,11 @@ def reused_tool(turn: SalesTurn, earlier: Iterable[ToolCall]) -> str | None:
 
 
 def _load_object(text: str) -> dict | str:
-    """Exactly one JSON object (optionally in one markdown fence), or an error string."""
-    body = fenced.group(1) if (fenced := _FENCE.match(text.strip())) else text.strip()
+    """Exactly one JSON object (optionally in one markdown fence), or an error string (:mod:`marti_ibrl.safeparse`:
+    too long a number or too deep a nesting is invalid JSON)."""
+    body = unfence(text)
     try:
-        obj, end = json.JSONDecoder().raw_decode(body)
+        obj, end = raw_decode(body)
     except json.JSONDecodeError as e:
         return f"invalid JSON: {e.msg}"
     if body[end:].strip():

@@ -3,9 +3,10 @@
 For every evaluation profile the story is compiled once (Table 8, cached), then each frozen sales policy holds
 ``samples`` independent calls with the user simulator (three in the paper), played by the
 :class:`~marti_ibrl.rollout.runner.DialogueRunner` on :class:`~.env.TeleSalesEvalEnv`
-(turn-batched, at most ``concurrency`` calls in play). Every finished call is audited (Table 12) and appended at once,
-as one JSON line, to ``OUT/episodes/POLICY.jsonl``; a rerun skips the episode ids already there (``PROFILE|SAMPLE``),
-so a killed run loses at most the batch in flight. At the end :func:`write_results` writes ``OUT/results.md`` (the
+(turn-batched, at most ``concurrency`` calls in play). Every finished call is audited (Table 12, on a worker thread
+while the other calls play on) and appended at once, as one JSON line, to ``OUT/episodes/POLICY.jsonl`` (written and
+flushed as its audit returns, fsynced after each runner call); a rerun skips the episode ids already there
+(``PROFILE|SAMPLE``), so a killed run loses only the calls in play and the audits in flight. At the end :func:`write_results` writes ``OUT/results.md`` (the
 Table 1 metrics of :mod:`.metrics`: Success@n with Wilson intervals, willingness/patience
 deltas, hallucination rate; how the calls ended; with several policies, a logistic GEE of per-call success against
 the first, clustered by profile, Holm-adjusted), ``OUT/summary.json`` and ``OUT/success_at_n.png``.
@@ -35,8 +36,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +147,7 @@ class TeleSalesEvaluator:
 
     ``engines``: a :class:`~marti_ibrl.backend.openrlhf_glue.FrozenEngines` for checkpoints (None: endpoints only).
     ``sampling``: the policy's sampling (temperature, top_p, max_new_tokens; engines and endpoints alike).
-    ``batch``: episodes per runner call, i.e. what a killed run can lose (default ``4 * concurrency``).
+    ``batch``: episodes per runner call (its sampling seed; default ``4 * concurrency``); each call is written as it ends.
     """
 
     def __init__(
@@ -224,16 +228,33 @@ class TeleSalesEvaluator:
                 per_run = max(1, self.batch // self.samples)
                 runner = DialogueRunner(env, {}, self.sampling, self.max_len, self.max_resamples)
                 seats = {"sales": policy, "customer": Policy(self.simulator.name, player=self.simulator)}
-                for start in range(0, len(playable), per_run):
-                    chunk = playable[start : start + per_run]
-                    cases = [(profile_id(p), EvalCase(p, stories[profile_id(p)])) for p in chunk]
-                    key = f"{self.seed}/{name}/{cases[0][0]}"
-                    seed = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
-                    trajs = runner.run(cases, self.samples, seats, seed=seed, max_live=self.concurrency)
-                    for rec in self._records(env, trajs, name):
+                lock = threading.Lock()
+
+                def finish(traj: Trajectory) -> None:  # a call ended: audited (on a worker), then on disk at once
+                    [rec] = self._records(env, [traj], name)
+                    with lock:
                         self._write(f, records, done, rec)
-                    f.flush()
-                    bar.update(len(chunk) * self.samples)
+                        f.flush()
+
+                with ThreadPoolExecutor(self.concurrency, thread_name_prefix="audit") as audits:
+                    for start in range(0, len(playable), per_run):
+                        chunk = playable[start : start + per_run]
+                        cases = [(profile_id(p), EvalCase(p, stories[profile_id(p)])) for p in chunk]
+                        key = f"{self.seed}/{name}/{cases[0][0]}"
+                        seed = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
+                        ended: list[Future] = []
+                        runner.run(
+                            cases,
+                            self.samples,
+                            seats,
+                            seed=seed,
+                            max_live=self.concurrency,
+                            on_done=lambda i, traj, ended=ended: ended.append(audits.submit(finish, traj)),
+                        )
+                        for future in ended:  # this call's audits are in (and an error in one surfaces here)
+                            future.result()
+                        os.fsync(f.fileno())
+                        bar.update(len(chunk) * self.samples)
         finally:
             bar.close()
             if policy is not None and policy.engines:

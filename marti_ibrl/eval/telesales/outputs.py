@@ -36,6 +36,7 @@ from marti_ibrl.envs.telesales.prompts import fmt, load_template, render, story_
 from marti_ibrl.envs.telesales.protocol import BEHAVIORS, TOLERANCE, SalesTurn, parse_sales_turn
 from marti_ibrl.eval.telesales.rubric import RUBRIC, SCORES, apply_rubric, check_codes, rubric_text
 from marti_ibrl.llm import TEXT, ReplySchema, closed_object, list_of, number_in, one_of
+from marti_ibrl.safeparse import raw_decode, unfence
 
 INTENTS: dict[str, str] = {
     "ConfirmPurpose": "find out who is calling and why",
@@ -67,7 +68,6 @@ SCENES = ("passive pickup", "lead or vehicle memory", "cooperative short answers
 """Table 8: the eight scene keys of ``scene_fewshots``."""
 FEWSHOTS_PER_SCENE = (1, 3)
 
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
 _SAMPLE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -75,9 +75,9 @@ _SAMPLE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 def _object(raw: str | Mapping[str, Any], what: str) -> dict[str, Any]:
     if isinstance(raw, Mapping):
         return dict(raw)
-    body = fenced.group(1) if (fenced := _FENCE.match(raw.strip())) else raw.strip()
+    body = unfence(raw)  # bounded: marti_ibrl.safeparse
     try:
-        obj, end = json.JSONDecoder().raw_decode(body)
+        obj, end = raw_decode(body)
     except json.JSONDecodeError as e:
         raise ValueError(f"{what}: invalid JSON ({e.msg})") from None
     if body[end:].strip():
