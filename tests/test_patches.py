@@ -267,7 +267,10 @@ def test_deepspeed_multi_parameter_gathers_are_complete_on_gloo(tmp_path: Path) 
 
     script = tmp_path / "gathers.py"
     script.write_text(_GATHERS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    from marti_ibrl.procenv import child_env_vars
+
+    # the venv's DeepSpeed CPU op (built by `make install`): ~/.cache's is shared with other venvs and rebuilt
+    env = {**os.environ, **child_env_vars(), "OMP_NUM_THREADS": "1"}
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     out = subprocess.run([*run, "50"], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
