@@ -79,8 +79,9 @@ test-openrlhf: install
 
 # The series as upstream sees it: a git repository made from the pristine wheel, `git am` of patches/openrlhf/, then
 # OpenRLHF's suite there; per patch: applies / FAILS and its tests' count. AGAINST=DIR: your OpenRLHF git checkout
-# instead of the wheel. Not in `make test` (the suite alone is 3-6 min on 2 cores); tests/test_patches.py checks
-# that the series `git am`s onto the wheel's tree (seconds).
+# instead of the wheel. Not in `make test` (54 s on 2 cores, 3-6 min under load; measured 2026-12-03): its suite is
+# test-openrlhf's, and tests/test_patches.py checks in seconds that `git am` takes the series onto the wheel's tree
+# and gives byte for byte the installed, patched files that test-openrlhf tests.
 upstream-check: install
 	$(VENV)/bin/marti-ibrl patch export --check $(if $(AGAINST),--against $(AGAINST))
 
