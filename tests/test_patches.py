@@ -261,7 +261,7 @@ print(f"RANK {os.environ['RANK']} WRONG {wrong}", flush=True)
 def test_deepspeed_multi_parameter_gathers_are_complete_on_gloo(tmp_path: Path) -> None:
     """The guard for DeepSpeed's fix (ours upstreamed: PR #8539, in 0.19.8): before it about one gather in ten read a
     weight gloo was still writing (43-45 of 400 per rank on 0.19.6, measured); the weights must be the truth on every
-    one of 2 x 50 gathers."""
+    one of 2 x 400 gathers (50 rounds of 8 Linears per rank)."""
     import os
     import subprocess
 
