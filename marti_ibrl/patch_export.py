@@ -95,7 +95,8 @@ def git_am(tree: Path, patch_dir: Path = PATCH_DIR) -> list[PatchResult]:
         res = _git(tree, "am", "-q", str(patch))
         result.applies = res.returncode == 0
         if not result.applies:
-            result.detail = (res.stdout + res.stderr).strip()
+            lines = (res.stdout + res.stderr).splitlines()  # git's own lines, without its how-to-continue hints
+            result.detail = "\n".join(ln for ln in lines if ln.startswith(("error:", "Patch failed", "fatal:")))
             _git(tree, "am", "--abort")
             break
     return results
