@@ -23,7 +23,7 @@ setup(
     },
     install_requires=[
         "torch>=2.4",  # the Makefile installs torch==2.13.0 (CPU wheel) first
-        "deepspeed==0.19.6",
+        "deepspeed==0.19.8",
         "ray[default]==2.55.0",
         "transformers==5.15.0",
         "tokenizers",

@@ -53,6 +53,10 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     from marti_ibrl.patching import main as patch_main
 
     try:
+        if args.action == "export":
+            from marti_ibrl.patch_export import main as export_main
+
+            return export_main(args.check, args.against, args.out)
         return patch_main(args.action, args.root)
     except PatchError as e:
         print(f"marti-ibrl patch: error: {e}", file=sys.stderr)
@@ -107,9 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
         if spec.commands is not None:
             spec.commands(sub)
 
-    patch = sub.add_parser("patch", help="apply / check / revert our OpenRLHF patches")
-    patch.add_argument("action", choices=["apply", "check", "revert"])
+    patch = sub.add_parser("patch", help="apply / check / revert our OpenRLHF patches; export: git am them upstream")
+    patch.add_argument("action", choices=["apply", "check", "revert", "export"])
     patch.add_argument("--root", help="directory holding the openrlhf package (default: the installed one)")
+    patch.add_argument("--check", action="store_true", help="export: also run OpenRLHF's suite on the series")
+    patch.add_argument("--against", help="export: your OpenRLHF git checkout (default: the pristine wheel)")
+    patch.add_argument("--out", help="export: keep the git repository here (a new or empty directory)")
     patch.set_defaults(func=_cmd_patch)
 
     demo = sub.add_parser("demo", help="the embedded CPU default: tiny model, SFT warm start, IB-RL on DoND")

@@ -1,9 +1,10 @@
-"""Apply, check and revert our patches on the installed OpenRLHF (``patches/openrlhf/NNNN-*.patch``) and DeepSpeed
-(``patches/deepspeed/``): one :class:`Series` per package, each pinned to its version.
+"""Apply, check and revert our patches on the installed OpenRLHF (``patches/openrlhf/NNNN-*.patch``): one
+:class:`Series` per patched package, pinned to its version.
 
-The patches are plain unified diffs against the pristine sources (``openrlhf==0.11.2``: paths ``a/openrlhf/...``;
-``deepspeed==0.19.6``: ``a/deepspeed/...``), applied with GNU ``patch -p1`` in the directory that holds the
-package (site-packages). Each patch is in exactly one of three states:
+The patches are ``git format-patch`` output against the pristine wheel's files (``openrlhf==0.11.2``: paths
+``a/openrlhf/...``, and the new tests each adds to OpenRLHF's suite, ``b/tests/test_*.py``, the top-level ``tests``
+package the wheel ships), applied with GNU ``patch -p1`` in the directory that holds the package (site-packages);
+``git am`` takes them too (``marti-ibrl patch export``). Each patch is in exactly one of three states:
 
 - ``applied``   — it reverses cleanly (applying again is a no-op: idempotent);
 - ``pending``   — it applies cleanly;
@@ -39,7 +40,8 @@ class Series:
     patch_dir: Path
 
 
-SERIES = (Series("openrlhf", OPENRLHF_VERSION, PATCH_DIR), Series("deepspeed", "0.19.6", PATCHES / "deepspeed"))
+# DeepSpeed's one fix (ZeRO-3's blocking multi-parameter gather waits on every handle) is upstream since 0.19.8
+SERIES = (Series("openrlhf", OPENRLHF_VERSION, PATCH_DIR),)
 
 
 class PatchError(RuntimeError):
@@ -96,6 +98,16 @@ def _patch(root: Path, patch: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, *extra, "-i", str(patch)], capture_output=True, text=True)
 
 
+def _created_files(patch: Path) -> set[str]:
+    """The files ``patch`` creates (``--- /dev/null``): the tests it adds to OpenRLHF's suite."""
+    lines = patch.read_text().splitlines()
+    return {
+        b[6:].split("\t")[0].strip()
+        for a, b in zip(lines, lines[1:])
+        if a == "--- /dev/null" and b.startswith("+++ b/")
+    }
+
+
 def _touched_files(patches: list[Path]) -> set[str]:
     return {
         line[6:].split("\t")[0].strip()
@@ -112,8 +124,9 @@ def _plan(root: Path, scratch: Path, patch_dir: Path) -> list[PatchStatus]:
     ones, so only this order works); phase 2 applies every patch in order to the now-pristine copy.
     """
     patches = patch_files(patch_dir)
-    for package in sorted({rel.split("/")[0] for rel in _touched_files(patches)}):  # openrlhf, deepspeed
-        shutil.copytree(root / package, scratch / package, ignore=shutil.ignore_patterns("__pycache__"))
+    for package in sorted({rel.split("/")[0] for rel in _touched_files(patches)}):  # openrlhf, tests
+        if (root / package).is_dir():  # a tree without OpenRLHF's tests/ gets the new test files alone
+            shutil.copytree(root / package, scratch / package, ignore=shutil.ignore_patterns("__pycache__"))
     applied = set()
     for p in reversed(patches):
         if _patch(scratch, p, "--reverse", "--dry-run").returncode == 0:
@@ -121,6 +134,9 @@ def _plan(root: Path, scratch: Path, patch_dir: Path) -> list[PatchStatus]:
             applied.add(p.name)
     out = []
     for p in patches:
+        if p.name not in applied:  # a test file left by an earlier install of this patch (reinstalling the wheel
+            for rel in _created_files(p):  # leaves files its RECORD does not list): the patch creates it anew
+                (scratch / rel).unlink(missing_ok=True)
         res = _patch(scratch, p, "--forward")
         if res.returncode != 0:
             out.append(PatchStatus(p.name, "conflict", (res.stdout + res.stderr).strip()))
@@ -153,8 +169,10 @@ def _transition(root: Path, patch_dir: Path, want_applied: bool) -> list[str]:
                     raise PatchError(f"reverting {p.name} failed: {res.stdout}{res.stderr}")
         for rel in touched if changing else []:
             _replace(scratch / rel, root / rel)
-        for rel in touched:  # current bytecode, else every process recompiles them at import (and, under
-            if rel.endswith(".py"):  # PYTHONDONTWRITEBYTECODE, writes nothing): ≈ 0.5 s per Ray worker
+        # current bytecode, else every process recompiles them at import (and, under PYTHONDONTWRITEBYTECODE,
+        # writes nothing): ≈ 0.5 s per Ray worker
+        for rel in touched:
+            if rel.endswith(".py") and (root / rel).exists():
                 with contextlib.suppress(OSError):  # a read-only install: compiled at import, as before
                     py_compile.compile(str(root / rel))
         return changing
@@ -163,10 +181,14 @@ def _transition(root: Path, patch_dir: Path, want_applied: bool) -> list[str]:
 def _replace(src: Path, dst: Path) -> None:
     """``dst`` becomes a new file with ``src``'s bytes (and ``dst``'s mode), renamed into place: an installer that
     hard-links package files to its cache (uv does) keeps a pristine cache, which writing ``dst`` in place would
-    change for every later install."""
+    change for every later install. A file a patch creates comes and goes with it (``src`` absent: ``dst`` removed)."""
+    if not src.exists():
+        dst.unlink(missing_ok=True)
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(dst.name + ".marti-ibrl-tmp")
     shutil.copyfile(src, tmp)
-    shutil.copymode(dst, tmp)
+    shutil.copymode(dst if dst.exists() else src, tmp)
     os.replace(tmp, dst)
 
 

@@ -132,7 +132,7 @@ def test_start_up_leaves_the_actor_as_loaded(runs):
 
 
 def test_weights_change_on_due_iterations_only_with_finite_losses(runs):
-    """(Before patches/deepspeed/0001 a projection gathered half-written at start-up could be garbage: NaN losses.)"""
+    """(Before DeepSpeed 0.19.8 (our old gather patch) a projection gathered half-written at start-up could be garbage: NaN losses.)"""
     history, sync = _state(runs.a)["history"], _sync(runs.a)
     assert [m["agent2/scheduled"] for m in history] == [0.0, 1.0, 0.0, 1.0]  # update_every 2
     assert history[0]["agent1/updated"] == 1.0
@@ -167,7 +167,7 @@ def _export_matches_checkpoint(run: Path) -> None:
 
 def test_checkpoints_pools_and_the_hf_export_is_the_trained_state(runs):
     """The final HF export (OpenRLHF's, via DeepSpeed's module-wise consolidation) equals the DeepSpeed checkpoint's
-    fp32 weights of the same step: before patches/deepspeed/0001 one attention projection came out with the second
+    fp32 weights of the same step: before DeepSpeed 0.19.8 (our old gather patch) one attention projection came out with the second
     rank's half wrong."""
     assert _state(runs.a)["iteration"] == ITERATIONS
     _export_matches_checkpoint(runs.a)

@@ -1,4 +1,5 @@
-"""``marti_ibrl.patching`` on a pristine openrlhf 0.11.2 extracted from the wheel: apply / check / revert."""
+"""``marti_ibrl.patching`` on a pristine openrlhf 0.11.2 extracted from the wheel: apply / check / revert; the series
+as ``git format-patch`` output that ``git am`` takes (``marti_ibrl.patch_export``); DeepSpeed's gather fix (0.19.8)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import shutil
 import struct
 import sys
 import zipfile
@@ -14,27 +16,29 @@ from pathlib import Path
 
 import pytest
 
-from marti_ibrl import patching
+from marti_ibrl import patch_export, patching
 
 PACKAGE_PREFIX = "openrlhf-0.11.2.data/purelib/"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _wheel() -> Path:
-    wheels = sorted((Path(sys.prefix) / "wheels").glob("openrlhf-0.11.2-*.whl"))
-    if not wheels:
-        pytest.skip(f"no openrlhf 0.11.2 wheel in {Path(sys.prefix) / 'wheels'} (kept there by `make install`)")
-    return wheels[0]
+    try:
+        return patch_export.wheel()
+    except patching.PatchError as e:
+        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")
 def pristine_zip() -> dict[str, bytes]:
+    """The wheel's ``openrlhf`` package and its top-level ``tests`` package (OpenRLHF's suite)."""
     with zipfile.ZipFile(_wheel()) as z:
         files = {
             n[len(PACKAGE_PREFIX) :]: z.read(n)
             for n in z.namelist()
-            if n.startswith(PACKAGE_PREFIX + "openrlhf/") and not n.endswith("/")
+            if n.startswith((PACKAGE_PREFIX + "openrlhf/", PACKAGE_PREFIX + "tests/")) and not n.endswith("/")
         }
-    assert "openrlhf/trainer/ppo_utils/experience_maker.py" in files
+    assert "openrlhf/trainer/ppo_utils/experience_maker.py" in files and "tests/test_experience.py" in files
     return files
 
 
@@ -50,7 +54,8 @@ def root(tmp_path: Path, pristine_zip: dict[str, bytes]) -> Path:
 def _snapshot(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted((root / "openrlhf").rglob("*"))
+        for package in ("openrlhf", "tests")
+        for p in sorted((root / package).rglob("*"))
         if p.is_file() and "__pycache__" not in p.parts
     }
 
@@ -90,7 +95,9 @@ def test_apply_is_idempotent_and_revert_restores_pristine(root: Path, capsys: py
     for rel in touched:
         assert (root / rel).read_bytes() == (installed / rel).read_bytes(), rel
     patched = _snapshot(root)
-    assert {rel for rel in pristine if patched[rel] != pristine[rel]} == set(touched)
+    assert {rel for rel in pristine.keys() | patched.keys() if patched.get(rel) != pristine.get(rel)} == set(touched)
+    created = {rel for p in patching.patch_files() for rel in patching._created_files(p)}
+    assert len(created) == len(names) and set(patched) - set(pristine) == created  # one new test file per patch
     for rel in touched:  # their bytecode is current: no process recompiles them at import
         assert _bytecode_is_current(root / rel), rel
 
@@ -144,15 +151,16 @@ def test_apply_and_revert_leave_hard_linked_copies_alone(root: Path, tmp_path_fa
     """uv installs package files as hard links to its cache: patching must replace the installed files, never write
     through the link (that patched uv's cache, so a reinstalled "pristine" wheel came back patched)."""
     cache = tmp_path_factory.mktemp("uv-cache")
-    for rel in _touched():
+    shipped = [rel for rel in _touched() if (root / rel).exists()]  # not the test files the patches create
+    for rel in shipped:
         os.link(root / rel, cache / rel.replace("/", "_"))
-    pristine = {rel: (root / rel).read_bytes() for rel in _touched()}
+    pristine = {rel: (root / rel).read_bytes() for rel in shipped}
     assert patching.apply(root)
-    for rel in _touched():
+    for rel in shipped:
         assert (cache / rel.replace("/", "_")).read_bytes() == pristine[rel], rel  # the cache is untouched
         assert (root / rel).read_bytes() != pristine[rel] and (root / rel).stat().st_nlink == 1
     assert patching.revert(root)
-    assert {rel: (root / rel).read_bytes() for rel in _touched()} == pristine
+    assert {rel: (root / rel).read_bytes() for rel in _touched() if (root / rel).exists()} == pristine
     assert not list(root.rglob("*.marti-ibrl-tmp"))
 
 
@@ -200,19 +208,32 @@ def test_installed_package_is_fully_patched(series: patching.Series) -> None:
         assert _bytecode_is_current(root / rel), rel
 
 
-def test_deepspeed_series_reverts_and_applies_on_a_copy(tmp_path: Path) -> None:
-    """The DeepSpeed series on a copy of the installed (patched) deepspeed: revert gives DeepSpeed's own line back,
-    apply restores ours, and a second apply changes nothing."""
-    series = patching.SERIES[1]
-    source = Path("deepspeed/runtime/zero/partition_parameters.py")
-    (tmp_path / source).parent.mkdir(parents=True)
-    (tmp_path / source).write_bytes((patching.installed_root(series) / source).read_bytes())
-    ours, theirs = "for h in launch_handles:\n            h.wait()", "launch_handles[-1].wait()"
-    assert ours in (tmp_path / source).read_text()
-    assert patching.revert(tmp_path, series.patch_dir) == [p.name for p in patching.patch_files(series.patch_dir)]
-    assert theirs in (tmp_path / source).read_text() and ours not in (tmp_path / source).read_text()
-    assert patching.apply(tmp_path, series.patch_dir) and ours in (tmp_path / source).read_text()
-    assert patching.apply(tmp_path, series.patch_dir) == []
+def test_a_reinstalled_wheel_leaves_test_files_that_apply_takes_over(
+    root: Path, pristine_zip: dict[str, bytes]
+) -> None:
+    """Reinstalling the pristine wheel (every `make install`) restores the files its RECORD lists and leaves the test
+    files our patches created: apply must create them anew, not refuse them as a conflict."""
+    names = [p.name for p in patching.patch_files()]
+    patching.apply(root)
+    patched = _snapshot(root)
+    for rel, data in pristine_zip.items():  # what reinstalling the wheel restores
+        (root / rel).write_bytes(data)
+    assert [s.state for s in patching.status(root)] == ["pending"] * len(names)
+    assert patching.apply(root) == names
+    assert _snapshot(root) == patched
+
+
+def test_deepspeed_is_the_release_with_the_gather_fix() -> None:
+    """DeepSpeed 0.19.8 waits on every all-gather handle of a blocking multi-parameter gather (its PR #8539, once our
+    patches/deepspeed/0001): the pins and the installed version agree, and no DeepSpeed patch is left to apply."""
+    pins = {
+        path: re.findall(r"deepspeed==([\d.]+)", (REPO / path).read_text())
+        for path in ("requirements/openrlhf-cpu.txt", "setup.py")
+    }
+    assert pins == {"requirements/openrlhf-cpu.txt": ["0.19.8"], "setup.py": ["0.19.8"]}
+    assert importlib.metadata.version("deepspeed") == "0.19.8"
+    assert [s.package for s in patching.SERIES] == ["openrlhf"]
+    assert not list((REPO / "patches").glob("deepspeed/*.patch"))
 
 
 # Two gloo ranks, ZeRO-3 on CPU: gather each Linear's weight and bias together (the blocking multi-parameter gather of
@@ -238,14 +259,18 @@ print(f"RANK {os.environ['RANK']} WRONG {wrong}", flush=True)
 
 @pytest.mark.e2e  # a two-rank torch.distributed.run of DeepSpeed ZeRO-3: minutes on 2 busy cores
 def test_deepspeed_multi_parameter_gathers_are_complete_on_gloo(tmp_path: Path) -> None:
-    """patches/deepspeed/0001: without it about one gather in ten read a weight gloo was still writing (43-45 of 400
-    per rank, measured); the weights must be the truth on every one of 2 x 400 gathers."""
+    """The guard for DeepSpeed's fix (ours upstreamed: PR #8539, in 0.19.8): before it about one gather in ten read a
+    weight gloo was still writing (43-45 of 400 per rank on 0.19.6, measured); the weights must be the truth on every
+    one of 2 x 400 gathers (50 rounds of 8 Linears per rank)."""
     import os
     import subprocess
 
     script = tmp_path / "gathers.py"
     script.write_text(_GATHERS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    from marti_ibrl.procenv import child_env_vars
+
+    # the venv's DeepSpeed CPU op (built by `make install`): ~/.cache's is shared with other venvs and rebuilt
+    env = {**os.environ, **child_env_vars(), "OMP_NUM_THREADS": "1"}
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     out = subprocess.run([*run, "50"], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -257,15 +282,45 @@ def test_no_patches_found(tmp_path: Path) -> None:
         patching.patch_files(tmp_path)
 
 
-@pytest.mark.parametrize(
-    "patch", [p for s in patching.SERIES for p in patching.patch_files(s.patch_dir)], ids=lambda p: p.name
-)
-def test_each_patch_has_a_what_why_tested_header(patch: Path) -> None:
+_SERIES = patching.patch_files()
+
+
+@pytest.mark.parametrize("patch", _SERIES, ids=lambda p: p.name)
+def test_each_patch_is_git_format_patch_output_citing_its_own_tests(patch: Path) -> None:
+    """What `git am` needs (an mbox "From <sha>" line, From, Date, `[PATCH n/N]` numbered in order) and a `Tested:`
+    paragraph citing the test files the patch adds to OpenRLHF's suite, which a maintainer can run."""
     text = patch.read_text()
-    assert "diff --git " in text
-    header = text.split("diff --git ", 1)[0]
-    assert re.match(r"Subject: \[PATCH \d+/\d+\] \S", header), header[:80]
-    for key in ("What:", "Why:", "Tested:"):
-        lines = [ln for ln in header.splitlines() if ln.startswith(key)]
-        assert len(lines) == 1, f"{patch.name}: expected one '{key}' line"
-        assert len(lines[0]) > len(key) + 10, f"{patch.name}: '{key}' line is empty"
+    header, body = text.split("\n\n", 1)
+    n, total = _SERIES.index(patch) + 1, len(_SERIES)
+    assert re.match(r"From [0-9a-f]{40} Mon Sep 17 00:00:00 2001\nFrom: \S", header), header[:120]
+    assert re.search(r"^Date: \S", header, re.MULTILINE), header
+    assert re.search(rf"^Subject: \[PATCH {n}/{total}\] \S", header, re.MULTILINE), header
+    message = body.split("\n---\n", 1)[0]
+    tested = message.split("\nTested: ", 1)[1].split("\n\n", 1)[0] if "\nTested: " in message else ""
+    created = patching._created_files(patch)
+    assert created and all(re.fullmatch(r"tests/test_\w+\.py", rel) for rel in created), created
+    assert set(re.findall(r"tests/test_\w+\.py", tested)) == created, tested  # cites exactly its own tests
+    assert "marti" not in message.lower()  # upstream cannot run our tests, nor needs our name
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_series_git_ams_onto_a_tree_of_the_pristine_wheel(tmp_path: Path) -> None:
+    """`git am` takes the whole series on a repository made from the wheel (what `make upstream-check` starts
+    from), and the result is the installed, patched OpenRLHF with one new test file per patch."""
+    tree = patch_export.tree_from_wheel(tmp_path / "openrlhf", _wheel())
+    results = patch_export.git_am(tree)
+    assert [(r.name, r.applies) for r in results] == [(p.name, True) for p in _SERIES], results
+    assert [len(r.tests) for r in results] == [1] * len(_SERIES)
+    log = patch_export._git(tree, "log", "--format=%s", "--reverse").stdout.splitlines()
+    assert log[1:] == [r.subject for r in results] and all(log[1:])
+    installed = patching.installed_root()
+    for rel in _touched():
+        assert (tree / rel).read_bytes() == (installed / rel).read_bytes(), rel
+
+
+def test_export_refuses_a_directory_that_is_not_an_openrlhf_checkout(tmp_path: Path, capsys) -> None:
+    from marti_ibrl.cli import main
+
+    assert main(["patch", "export", "--against", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--against" in err and "openrlhf/__init__.py" in err, err
