@@ -327,8 +327,7 @@ class TimeDependentConceder(_HeldoutNegotiator):
     def __post_init__(self) -> None:
         if self.e <= 0:
             raise ValueError(f"the concession exponent e must be > 0, got {self.e}")
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        _check_rounds(self.rounds)
 
     def target(self, scenario: DondScenario, me: int, ledger: _Ledger) -> float:
         top = float(utility(scenario.counts, scenario.values[me]))
