@@ -193,12 +193,23 @@ ibrl_run() {
 
     mkdir -p "$RUN_DIR"
     ibrl_log "submitting: marti-ibrl train ${TRAIN_FLAGS[*]} --ray.address auto"
-    local rc=0 submit  # (in the background: bash runs the SIGTERM trap only between commands, or in `wait`)
-    "$RAY" job submit --address="http://$head_ip:$dashboard" \
-        --submission-id="ibrl-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" -- \
-        "$MARTI_IBRL" train "${TRAIN_FLAGS[@]}" --ray.address auto &
-    submit=$!
-    wait "$submit" || rc=$?
+    local rc submit tries=0 said="$RUN_DIR/.ray-submit-${SLURM_JOB_ID}.log"
+    # A head that is up may not have registered its job agent yet: Ray refuses the submission with "No available
+    # agent to submit job, please try again later" (seen on 2 loaded cores) and no job was made, so the same
+    # submission id is tried again, every 5 s for a minute. Any other failure is the training job's own exit.
+    while :; do
+        rc=0  # (in the background: bash runs the SIGTERM trap only between commands, or in `wait`)
+        "$RAY" job submit --address="http://$head_ip:$dashboard" \
+            --submission-id="ibrl-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" -- \
+            "$MARTI_IBRL" train "${TRAIN_FLAGS[@]}" --ray.address auto > >(tee "$said") 2>&1 &
+        submit=$!
+        wait "$submit" || rc=$?
+        ((rc != 0)) && sleep 1  # tee's last lines
+        ((rc != 0 && tries++ < 12)) && grep -q "No available agent to submit job" "$said" || break
+        ibrl_log "the head's job agent is not up yet; submitting again in 5 s ($tries of 12)"
+        sleep 5
+    done
+    rm -f "$said"
     ibrl_log "training job ended (exit $rc); run directory: $RUN_DIR"
     exit "$rc"
 }
