@@ -39,7 +39,7 @@ LABELS = [
     "download openrlhf 0.11.2's wheel into {venv}/wheels",
     "openrlhf 0.11.2 (the pristine wheel, --no-deps)",
     "marti-ibrl (editable, with [dev])",
-    "patches/ onto openrlhf and deepspeed",
+    "patches/openrlhf/ onto openrlhf",
     "bytecode for marti_ibrl, openrlhf and deepspeed",
     "DeepSpeed's CPU communication op (ShareMemCommBuilder)",
 ]
