@@ -166,7 +166,10 @@ def test_deepspeed_skips_non_finite_steps_on_every_stage_and_dtype(tmp_path: Pat
     script = tmp_path / "steps.py"
     script.write_text(_STEPS)
     names = ["2/fp32/guarded", "3/fp32/guarded", "2/bf16/guarded", "3/bf16/guarded", "2/fp32/plain"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    from marti_ibrl.procenv import child_env_vars
+
+    # the venv's DeepSpeed CPU op (built by `make install`), not a second build in ~/.cache beside other tests
+    env = {**os.environ, **child_env_vars(), "OMP_NUM_THREADS": "1"}
     run = subprocess.run(
         [sys.executable, str(script), str(_free_port()), *names],
         capture_output=True,
