@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU smoke test: one IB-RL iteration of a tiny model on CUDA — DeepSpeed on the GPU, vLLM engines when vllm is
 # installed (HF generate otherwise) — with timings: start-up (Ray, engines, DeepSpeed models, first weight sync) and
-# the iteration's timing/* metrics. Config: recipes/dond/tiny-cpu.yaml with --train.device cuda and bf16.
+# the iteration's timing/* metrics. Config: recipes/dond/tiny-cpu.yaml with --train.device cuda and bf16. Then the
+# same iteration colocated (--train.colocate all, vLLM only): the GPU memory its engines' sleep frees (mem_get_info
+# with the engines asleep, awake, asleep), the seconds to wake and to sleep, and the phase record's violations.
 #
 #   bash benchmarks/gpu_smoke.sh [extra --section.key VALUE flags]      (OUT=DIR keeps the run; default: a temp dir)
 #
@@ -75,4 +77,41 @@ print(f"  {'iteration + final checkpoint (fit)':<62} {fit:8.1f} s")
 print(f"  {'total':<62} {time.perf_counter() - t0:8.1f} s")
 keys = ("rollout/turns", "rollout/malformed", "agent1/updated", "agent2/updated")
 print("  " + ", ".join(f"{k} {m[k]:.2f}" for k in keys))
+
+# --train.colocate all (issue 37): both roles' engines, actors and references on the same GPU. The driver sees the
+# one GPU (MARTI_IBRL_SHARE_ONE_GPU), so torch.cuda.mem_get_info measures what sleeping frees on the device.
+if not importlib.util.find_spec("vllm"):
+    print("\ngpu_smoke: colocated: skipped (HF engines cannot sleep; install vllm)")
+    sys.exit(0)
+from marti_ibrl.phases import read_phases, violations
+
+colocated = load_config(flags + extra + ["--train.colocate", "all", "--ckpt.path", f"{out}/run-colocated",
+                                         "--pool.num_engines", "0", "--role1.num_engines", "1",
+                                         "--role2.num_engines", "1"])
+t3 = time.perf_counter()
+trainer = IBRLTrainer(colocated)
+startup = time.perf_counter() - t3
+hybrid, free = trainer.hybrid, lambda: torch.cuda.mem_get_info()[0] / 2**30
+asleep = free()
+t4 = time.perf_counter()
+for role in trainer.stacks:
+    hybrid.wake(0, role)
+woken, wake_s = free(), time.perf_counter() - t4
+t5 = time.perf_counter()
+for role in trainer.stacks:
+    hybrid.sleep(0, role)
+slept, sleep_s = free(), time.perf_counter() - t5
+t6 = time.perf_counter()
+m = trainer.fit()[-1]
+fit = time.perf_counter() - t6
+records = read_phases(f"{out}/run-colocated")
+ray.shutdown()
+print(f"\ngpu_smoke: colocated (--train.colocate all), {device_slots(colocated)} device slot(s)")
+print(f"  {'start-up':<62} {startup:8.1f} s")
+print(f"  {'free GPU memory: engines asleep / awake / asleep again':<62} {asleep:.2f} / {woken:.2f} / {slept:.2f} GiB")
+print(f"  {'both roles: wake, then sleep':<62} {wake_s:8.2f} / {sleep_s:.2f} s")
+for key in sorted(k for k in m if k.startswith("timing/")):
+    print(f"  {key:<62} {m[key]:8.2f} s")
+print(f"  {'iteration + final checkpoint (fit)':<62} {fit:8.1f} s")
+print(f"  phases.jsonl: {len(records)} records; violations: {violations(records, {0: list(trainer.stacks), 1: ['agent1']}) or 'none'}")
 EOF

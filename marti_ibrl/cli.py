@@ -22,10 +22,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.flags)
-        from marti_ibrl.colocate import unbuilt
-
-        if unbuilt(cfg):
-            raise ConfigError(unbuilt(cfg))
         from marti_ibrl.device import check_device_dtype, resolve_device
 
         # before the trainer's imports (Ray, DeepSpeed) print anything

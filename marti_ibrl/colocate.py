@@ -6,7 +6,11 @@ An iteration runs the phases :func:`marti_ibrl.placement.phases` lists (``marti-
 1. **generation** — every trained role's engines wake (all of vLLM's memory, or only the KV cache when a weight sync
    already woke the weights), the joint rollout runs, and they sleep again (vLLM sleep level 1: weights to CPU, KV
    cache dropped). The actors' DeepSpeed states are offloaded all the while; their bf16 weights stay, and the
-   log-prob passes of the experience use them after the engines sleep.
+   log-prob passes of the experience use them after the engines sleep. A full-weight role has no pool engines: in
+   an iteration that faces its history (Eq. 6) the rollout plays the pairing of current policies first, then its
+   own engines load the sampled snapshot (:meth:`Hybrid.load_snapshots`) for the pairing that faces it, then take
+   their actor's weights back (:meth:`Hybrid.restore`). Each pairing is batched and seeded apart in every layout
+   (:class:`~marti_ibrl.rollout.runner.DialogueRunner` passes), so the dialogues equal the separate layout's.
 2. **training** — each due role reloads its states, takes its update and offloads them (OpenRLHF's ``ppo_train``
    with ``--ds.enable_sleep``: reload → fit → offload). ``role``: the roles at once (their GPUs are apart); ``all``:
    at once when ``marti-ibrl plan`` says both fit, else one after the other (:func:`updates_together`).
@@ -33,7 +37,7 @@ from typing import Any
 
 from marti_ibrl.config import Config
 from marti_ibrl.phases import PhaseLog
-from marti_ibrl.placement import colocated, has_reference, trained_roles, uses_pool
+from marti_ibrl.placement import colocated, has_reference, trained_roles
 
 ENGINE_SHARE = 0.2
 """The share of a bundle's GPU each engine asks for on a shared placement group: OpenRLHF's ``create_vllm_engines``
@@ -53,22 +57,6 @@ def ds_share(cfg: Config) -> float:
         ranks = sum(1 + has_reference(r) for r in group)  # actor, and a reference of its own
         shares.append(math.floor((1.0 - ENGINE_SHARE * len(group)) / ranks * 1e4 + 1e-6) / 1e4)  # never above
     return min([ENGINE_SHARE, *shares])
-
-
-def unbuilt(cfg: Config) -> str | None:
-    """Why ``train`` cannot run ``cfg`` colocated yet (None when it can): full-weight opponent pools, whose snapshots
-    the role's own engines would have to load between the iteration's pairings."""
-    if not colocated(cfg) or not uses_pool(cfg):
-        return None
-    full = [r.name for r in trained_roles(cfg) if r.lora_rank == 0]
-    if not full:
-        return None  # a LoRA role's snapshots are adapters its own engines serve per request
-    return (
-        f"--train.colocate {cfg.train.colocate} with opponent pools of full-weight roles ({', '.join(full)}): their "
-        "snapshots would be served by the roles' own engines between the iteration's pairings, which is not built "
-        "yet (issue 37); train LoRA roles (--roleN.lora_rank), or turn the pools off (--pool.probs '[1.0,0,0]'), "
-        "or use --train.colocate none"
-    )
 
 
 def placement_groups(cfg: Config) -> dict[str, Any]:
@@ -133,6 +121,7 @@ class Hybrid:
         # colocated engines start asleep (create_vllm_engines with vllm_enable_sleep) and actors offloaded
         # (OpenRLHF's init with ds.enable_sleep); a weight sync wakes an engine set's weights only
         self.weights_awake = {r: not self.colocated for r in self.stacks}
+        self.holding_snapshot: set[str] = set()  # roles whose engines hold a pool snapshot (until restore)
 
     # -- the calls, each recorded -----------------------------------------------------------------------------
 
@@ -183,13 +172,36 @@ class Hybrid:
 
     @contextmanager
     def generation(self, k: int) -> Iterator[None]:
-        """Around the joint rollout: every role's engines awake; each role's ``generate`` record spans it."""
+        """Around the joint rollout: every role's engines awake; each role's ``generate`` record spans it. Engines
+        that served a pool snapshot (:meth:`load_snapshots`) get their actor's weights back before they sleep."""
         for role in self.stacks:
             self.wake(k, role)
         with self._all(k, "engines", "generate"):
             yield
+        self.restore(k)
         for role in self.stacks:
             self.sleep(k, role)
+
+    def load_snapshots(self, k: int, loads: Mapping[str, str]) -> None:
+        """Before a rollout pass: each role's engines load the pool snapshot file ``loads[role]`` (Eq. 6's history,
+        served by the role's own engines when colocated: it has no pool engines)."""
+        import ray
+
+        for role, path in loads.items():
+            with self.log.phase(k, role, "engines", "load", snapshot=path):
+                ray.get([e.load_weights_file.remote(path) for e in self.stacks[role].engines])
+            self.holding_snapshot.add(role)
+
+    def restore(self, k: int) -> None:
+        """The engines that hold a pool snapshot take their actor's weights again (the same broadcast as a sync; the
+        actor's weights did not change)."""
+        import ray
+
+        roles = sorted(self.holding_snapshot, key=list(self.stacks).index)
+        if roles:
+            with self.log.phases([(k, r, "engines", "restore") for r in roles]):
+                ray.get([ref for r in roles for ref in self.stacks[r].sync_engines_async()])
+        self.holding_snapshot.clear()
 
     @contextmanager
     def _all(self, k: int, component: str, event: str) -> Iterator[None]:

@@ -32,10 +32,12 @@ from typing import Any
 PHASES_FILE = "phases.jsonl"
 COMPONENTS = ("engines", "actor")
 EVENTS = {
-    "engines": ("wake", "sleep", "generate", "sync"),
+    "engines": ("wake", "sleep", "generate", "sync", "load", "restore"),
     "actor": ("reload", "offload", "train", "sync"),
 }
-"""Which events each component has: ``sync`` is the weight broadcast (actor → engines), recorded on both sides."""
+"""Which events each component has: ``sync`` is the weight broadcast (actor → engines), recorded on both sides;
+``load``: the engines load a pool snapshot to serve it (colocated, Eq. 6's history), ``restore``: they take their
+actor's (unchanged) weights back after it."""
 
 
 class PhaseLog:
@@ -130,8 +132,8 @@ def violations(
                 asleep[role] = True
             elif ev == "wake":
                 asleep[role] = False
-            elif ev == "generate" and asleep.get(role, False):
-                out.append(f"{where}: generated while asleep")
+            elif ev in ("generate", "load", "restore") and asleep.get(role, False):
+                out.append(f"{where}: {'generated' if ev == 'generate' else ev + 'ed'} while asleep")
             if ev == "generate" and colocated:
                 loaded = [x for x in roles if not offloaded.get(x, False)]
                 if loaded:

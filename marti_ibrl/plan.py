@@ -662,10 +662,7 @@ def _format_colocated(p: Plan) -> list[str]:
             )
         if cfg.train.device == "cpu":
             lines.append("  train.device cpu: no sleep mode (vLLM-CPU, HF engines): the processes only share slots")
-        from marti_ibrl.colocate import unbuilt
 
-        if unbuilt(cfg):
-            lines.append(f"  train refuses it for now: {unbuilt(cfg)}")
     for role in trained_roles(cfg):
         served = pool_served_by(cfg, role)
         if served and (colocated(cfg) or role.lora_rank > 0):

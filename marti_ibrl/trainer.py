@@ -54,7 +54,6 @@ from marti_ibrl.colocate import (
     device_memory_gib,
     placement_groups,
     sleep_summary,
-    unbuilt,
     updates_together,
 )
 from marti_ibrl.commit import STATE_FILE, Commit, RunDirError, clear_run, open_run_dir, pin_deepspeed_latest
@@ -80,6 +79,7 @@ class Play:
     index: int  # the scenario's position in the batch (its seat rotation)
     policies: dict[str, Policy]
     learners: tuple[str, ...]
+    pass_: int = 0  # the rollout pass (DialogueRunner.run): 0 for a pairing of current policies, then 1, 2, ...
 
 
 class ScenarioSampler:
@@ -170,6 +170,17 @@ def count_skipped_updates(k: int, status: dict[str, dict], in_a_row: dict[str, i
                 f"steps skipped for a NaN/inf loss or gradient norm; stopped before iteration {k} was saved (lower its "
                 "--roleN.lr, check its rewards)"
             )
+
+
+def snapshot_loads(plays: Sequence[Play]) -> dict[int, dict[str, str]]:
+    """Per rollout pass, the snapshot file each role's engines must hold for it (:attr:`Policy.weights`: a colocated
+    role's pool snapshot served by its own engines); empty when no play needs one."""
+    loads: dict[int, dict[str, str]] = {}
+    for play in plays:
+        for role, policy in play.policies.items():
+            if policy.weights is not None:
+                loads.setdefault(play.pass_, {})[role] = policy.weights
+    return loads
 
 
 def role_samples(scored: Sequence[tuple[Trajectory, float]], role: str, max_len: int) -> list:
@@ -277,8 +288,6 @@ class IBRLTrainer:
                 "make it with marti_ibrl.config.load_config or ablations.resolve"
             )
         self.cfg = cfg
-        if unbuilt(cfg):  # a colocated layout this runtime cannot run yet
-            raise ConfigError(unbuilt(cfg))
         device = resolve_device(cfg.train.device)  # ConfigErrors come before anything is written or started
         check_device_dtype(cfg.ds.param_dtype, device)
         self.env, scenarios = training_scenarios(cfg)
@@ -442,6 +451,7 @@ class IBRLTrainer:
             plays, opponents = self.seat_policies(k, configuration, scenarios, due=schedule)
         # shared trajectories; per-role rewards R_i(τ) scored as dialogues finish (colocated: the engines awake)
         with timer("rollout"), self.hybrid.generation(k):
+            loads = snapshot_loads(plays)  # colocated: pool snapshots its own engines serve, per pass
             trajectories = self.runner.run(
                 [p.scenario for p in plays],
                 cfg.rollout.n_samples_per_prompt,
@@ -449,7 +459,9 @@ class IBRLTrainer:
                 progress=True,
                 seed=self._seed("rollout", k),
                 rotation=[p.index for p in plays],  # both pairings of a scenario alternate openers alike
-            )
+                passes=[p.pass_ for p in plays],  # each pairing batched and seeded apart: one after the other ...
+                before_pass=(lambda n: self.hybrid.load_snapshots(k, loads.get(n, {}))) if loads else None,
+            )  # ... when its snapshots are loaded into engines that serve current policies too
             g = cfg.rollout.n_samples_per_prompt
             for i, t in enumerate(trajectories):  # (request order: play by play, G samples each)
                 t.learners = plays[i // g].learners
@@ -531,9 +543,12 @@ class IBRLTrainer:
             cast.append((pairing, fixed))
         if all(p.name == "current" for p in cast[0][1].values()):  # no history to face: current play for all
             cast = [(Pairing(tuple(self.trained), ()), cast[0][1])]
+        # passes: the pairings of current policies first (0), then each facing history (1, 2, ...)
+        numbers = iter(range(1, len(cast) + 1))
+        passes = [0 if not pairing.history else next(numbers) for pairing, _ in cast]
         plays = [
-            Play(scenario, i, {**fixed, **{r: rng.choice(ps) for r, ps in self.frozen.items()}}, pairing.learners)
-            for pairing, fixed in cast
+            Play(scenario, i, {**fixed, **{r: rng.choice(ps) for r, ps in self.frozen.items()}}, pairing.learners, n)
+            for (pairing, fixed), n in zip(cast, passes)
             for i, scenario in enumerate(scenarios)
         ]
         opponents = {r: ",".join(sorted({p.policies[r].name for p in plays})) for r in self.roles}
@@ -565,6 +580,8 @@ class IBRLTrainer:
 
             adapter = pool_adapter(role, stack.slot, snap.version, str(pool.path(snap)))
             return Policy(f"pool:{snap.version}", stack.engines, stack.tokenizer, adapter=adapter)
+        if not stack.pool_engines:  # colocated: its own engines, loaded with the snapshot for the pass that plays it
+            return Policy(f"pool:{snap.version}", stack.engines, stack.tokenizer, weights=str(pool.path(snap)))
         if self.pool_loaded.get(role) != snap.version:
             ray.get([e.load_weights_file.remote(str(pool.path(snap))) for e in stack.pool_engines])
             self.pool_loaded[role] = snap.version
@@ -664,7 +681,7 @@ class IBRLTrainer:
             return
         from safetensors.torch import load_file
 
-        from marti_ibrl.rollout.engines import params_digest
+        from marti_ibrl.rollout.digest import params_digest
 
         self.hybrid.wake_for_reading(k, list(self.stacks))  # colocated engines asleep hold no weights to read
         for r, stack in self.stacks.items():

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from marti_ibrl.algorithm.pool import OpponentPool, Snapshot
-from marti_ibrl.rollout.engines import params_digest
+from marti_ibrl.rollout.digest import params_digest
 from marti_ibrl.trainer import IBRLTrainer
 
 
@@ -32,6 +32,8 @@ def _trainer(tmp_path, engines: dict[str, list[str]], pool_engines: list[str] | 
     }
     t.topology = {"trained": {r: {"weight_sync": "gloo"} for r in engines}}
     t.pools, t.pool_loaded = {}, {}
+    # the separate layout: reading engines wakes nothing (a colocated run wakes their weights first)
+    t.hybrid = SimpleNamespace(wake_for_reading=lambda k, roles: None)
     return t
 
 

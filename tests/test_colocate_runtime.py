@@ -1,4 +1,4 @@
-"""marti_ibrl.colocate without Ray: the GPU shares of a shared bundle, what train refuses, and the order the hybrid
+"""marti_ibrl.colocate without Ray: the GPU shares of a shared bundle, and the order the hybrid
 engine calls OpenRLHF's sleep/wake/offload/reload in (the roles in turn, as ``all`` does when both updates do not
 fit). The end-to-end runs are tests/test_e2e_colocate.py."""
 
@@ -41,20 +41,6 @@ def test_every_process_of_a_bundle_fits_in_its_gpu(tiny, mode, flags, share):
     engines = 2 if mode == "all" else 1
     ranks = sum(1 + (r.kl_coef > 0) for r in cfg.roles) if mode == "all" else 2
     assert engines * colocate.ENGINE_SHARE + ranks * share <= 1.0 + 1e-9
-
-
-def test_train_refuses_full_weight_pools_colocated_in_one_line(tiny):
-    cfg = _cfg(tiny, "all")
-    assert colocate.unbuilt(cfg) == (
-        "--train.colocate all with opponent pools of full-weight roles (agent1, agent2): their snapshots would be "
-        "served by the roles' own engines between the iteration's pairings, which is not built yet (issue 37); "
-        "train LoRA roles (--roleN.lora_rank), or turn the pools off (--pool.probs '[1.0,0,0]'), or use "
-        "--train.colocate none"
-    )
-    assert colocate.unbuilt(_cfg(tiny, "all", "--pool.probs", "[1.0,0,0]")) is None
-    assert colocate.unbuilt(_cfg(tiny, "none")) is None
-    lora = ["--role1.lora_rank", "8", "--role2.lora_rank", "8", "--role1.kl_coef", "0", "--role2.kl_coef", "0"]
-    assert colocate.unbuilt(_cfg(tiny, "role", *lora)) is None  # adapters: served per request by its own engines
 
 
 def test_updates_together_unless_all_does_not_fit(tiny):

@@ -1,8 +1,11 @@
 """End to end, issue 37: the colocated layouts (``--train.colocate role`` and ``all``) run the same iterations as the
 separate layout (``none``) and record their phases in the order the hybrid engine promises.
 
-Three 2-iteration runs of the tiny two-role DoND (Ray + DeepSpeed + HF engines on CPU, KL reference on, role2 at
-half frequency so it is not due at k=1), one per layout, same seed. On CPU nothing is freed by sleeping (see
+Three 4-iteration runs of the tiny two-role DoND (Ray + DeepSpeed + HF engines on CPU, KL reference on, role2 at
+half frequency so it is not due at k=1 and 3, opponent pools on with every iteration agent2's current policy facing
+agent1's history, which first exists at k=4), one per layout, same seed. The separate layout serves agent1's
+snapshot from its pool engine; the colocated ones from agent1's own engine, loaded for that pairing and restored
+after it. On CPU nothing is freed by sleeping (see
 marti_ibrl/colocate.py): what is tested is that the calls are made in OpenRLHF's order, that a role not due neither
 reloads nor syncs, and that placement and the calls change nothing: the same dialogues (token for token), the same
 metrics and the same weights, bit for bit.
@@ -39,8 +42,8 @@ def runs(tmp_path_factory):
     out = {}
     for layout in LAYOUTS:
         run_dir = tmp / layout
-        flags = [*tiny_flags(model, run_dir, 2), "--role2.update_every", "2", "--train.colocate", layout]
-        flags += ["--role1.kl_coef", "0.01", "--role2.kl_coef", "0.01", "--pool.probs", "[1.0,0,0]"]
+        flags = [*tiny_flags(model, run_dir, 4), "--role2.update_every", "2", "--train.colocate", layout]
+        flags += ["--role1.kl_coef", "0.01", "--role2.kl_coef", "0.01", "--pool.probs", "[0.0,0.0,1.0]"]
         trainer = IBRLTrainer(load_config(flags))
         played, rollout = [], trainer.runner.run
 
@@ -57,7 +60,8 @@ def runs(tmp_path_factory):
         finally:
             ray.shutdown()
         dialogues = [
-            [(t.role, tuple(t.token_ids), tuple(t.logprobs)) for t in traj.turns] + [sorted(traj.rewards.items())]
+            [(t.role, tuple(t.token_ids), tuple(t.logprobs)) for t in traj.turns]
+            + [sorted(traj.rewards.items()), sorted(traj.policies.items())]
             for traj in played
         ]
         topology = json.loads((run_dir / "topology.json").read_text())
@@ -74,7 +78,9 @@ def runs(tmp_path_factory):
 
 def test_colocated_runs_equal_the_separate_layout(runs):
     base = runs["none"]
-    assert len(base["dialogues"]) == 8 and all(len(d) > 1 for d in base["dialogues"])  # 2 iterations × 2 × G=2
+    # 4 iterations × 2 scenarios × G=2, and at k=4 the pairing facing one of agent1's snapshots v1, v2 too
+    assert len(base["dialogues"]) == 20 and all(len(d) > 2 for d in base["dialogues"])
+    assert sum(dict(d[-1])["agent1"] in ("pool:1", "pool:2") for d in base["dialogues"]) == 4
     for layout in ("role", "all"):
         got = runs[layout]
         assert got["dialogues"] == base["dialogues"], layout  # same turns, token for token, and rewards
@@ -86,19 +92,20 @@ def test_colocated_runs_equal_the_separate_layout(runs):
                 layout,
                 sorted((k, a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)),
             )
-    assert [m["agent2/updated"] for m in base["history"]] == [0.0, 1.0]  # the schedule the phases are checked on
+    assert [m["agent2/updated"] for m in base["history"]] == [0.0, 1.0, 0.0, 1.0]  # the schedule the phases assume
 
 
 def test_colocated_layouts_take_fewer_device_slots(runs):
-    # per role: 1 engine + 1 actor rank + 1 reference rank of its own (none); on the actor's slot (role); all on one
-    assert [runs[layout]["slots"] for layout in LAYOUTS] == [6, 2, 1]
+    # per role: 1 engine + 1 pool engine + 1 actor rank + 1 reference rank of its own (none); on the actor's slot,
+    # no pool engine (role); all on one
+    assert [runs[layout]["slots"] for layout in LAYOUTS] == [8, 2, 1]
     for layout in LAYOUTS:
         colocate = runs[layout]["topology"]["colocate"]
         assert colocate["mode"] == layout
         assert colocate["sleep"].startswith("off" if layout == "none" else "unsupported on cpu"), colocate
 
 
-DUE = {0: ["agent1", "agent2"], 1: ["agent1"], 2: ["agent1", "agent2"]}
+DUE = {0: ["agent1", "agent2"], 1: ["agent1"], 2: ["agent1", "agent2"], 3: ["agent1"], 4: ["agent1", "agent2"]}
 
 
 def _events(records, k):
@@ -141,6 +148,20 @@ def test_phases_follow_the_hybrid_engine_order(runs, layout):
         ["weights"],
         ["weights"],
     ]
+    # k=4: agent1's engine serves its snapshot for the pairing facing it (after the pairing of current policies),
+    # then gets agent1's weights back, all while awake
+    k4 = _events(records, 4)
+    assert k4[:8] == [
+        *[(r, "engines", "wake") for r in both],
+        ("agent1", "engines", "load"),
+        *[(r, "engines", "generate") for r in both],
+        ("agent1", "engines", "restore"),
+        *[(r, "engines", "sleep") for r in both],
+    ]
+    load = next(r for r in records if r["event"] == "load")
+    played = {dict(d[-1])["agent1"] for d in runs["none"]["dialogues"]} - {"current"}
+    assert load["snapshot"].endswith(f"v{int(played.pop()[5:]):06d}.safetensors") and load["iteration"] == 4, load
+    assert not any(r["event"] in ("load", "restore") for r in records if r["iteration"] < 4)
 
 
 def test_the_separate_layout_records_work_without_sleep(runs):

@@ -47,7 +47,7 @@ def run(tmp_path_factory):
     import ray
 
     from marti_ibrl.config import load_config
-    from marti_ibrl.rollout.engines import params_digest
+    from marti_ibrl.rollout.digest import params_digest
     from marti_ibrl.tiny import build_tiny_dond_model
     from marti_ibrl.trainer import IBRLTrainer
 

@@ -55,7 +55,7 @@ def _file_digest(model_dir, snapshot_file) -> str:
     """What an HF engine holding this snapshot reports: the tiny model with the file's weights, fp32."""
     from transformers import AutoModelForCausalLM
 
-    from marti_ibrl.rollout.engines import params_digest
+    from marti_ibrl.rollout.digest import params_digest
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.load_state_dict({k: v.float() for k, v in load_file(str(snapshot_file)).items()}, strict=False)

@@ -124,7 +124,7 @@ def test_engines_hold_the_actors_weights_after_every_sync(runs):
 
 def test_start_up_leaves_the_actor_as_loaded(runs):
     """The first broadcast (actor -> engines, over gloo) must not change the actor: before patch 0008's copy it did."""
-    from marti_ibrl.rollout.engines import params_digest
+    from marti_ibrl.rollout.digest import params_digest
 
     init = params_digest(_weights(Path(runs.model)).items())
     sync = _sync(runs.a)

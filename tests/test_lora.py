@@ -234,7 +234,8 @@ def test_hf_engine_serves_adapters_per_request(tiny, tmp_path):
     from peft import get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    from marti_ibrl.rollout.engines import HFGenerateEngine, params_digest
+    from marti_ibrl.rollout.digest import params_digest
+    from marti_ibrl.rollout.engines import HFGenerateEngine
 
     adapters = []
     for i in range(2):

@@ -90,7 +90,7 @@ def test_adapter_sync_load_and_remove(engine):
     import ray
 
     from marti_ibrl.lora import adapter_tensors
-    from marti_ibrl.rollout.engines import params_digest
+    from marti_ibrl.rollout.digest import params_digest
 
     e, _, adapters = engine
     current = {**adapters[0], "name": "agent1/current/v1", "id": 1}
@@ -115,7 +115,7 @@ def run(tmp_path_factory, engine):
     from test_e2e_lora import lora_flags
 
     from marti_ibrl.config import load_config
-    from marti_ibrl.rollout.engines import params_digest
+    from marti_ibrl.rollout.digest import params_digest
     from marti_ibrl.trainer import IBRLTrainer
 
     ray.shutdown()  # the engine fixture's cluster: one Ray at a time

@@ -80,6 +80,27 @@ def test_a_history_iteration_plays_both_pairings_with_the_whole_batch(tmp_path) 
     assert mirror == [({"agent1": "current", "agent2": "current"}, ("agent1", "agent2"))] * 3
 
 
+def test_each_pairing_is_a_rollout_pass_current_policies_first(tmp_path) -> None:
+    """The pairing of current policies is pass 0, the one facing history pass 1 (DialogueRunner batches and seeds
+    each apart); a colocated role (no pool engines) serves its snapshot from its own engines, loaded for pass 1."""
+    from marti_ibrl.trainer import snapshot_loads
+
+    t = _trainer(tmp_path, {"agent1": 4, "agent2": 2}, {"agent2": [1, 2]})
+    plays, _, _ = _plays(t, "agent1")
+    assert [p.pass_ for p in plays] == [1, 1, 1, 0, 0, 0]
+    assert snapshot_loads(plays) == {}  # the separate layout: a pool engine holds it
+    t.stacks["agent2"].pool_engines = []  # --train.colocate: no pool engines
+    t.pool_loaded = {}
+    plays, _, _ = _plays(t, "agent1")
+    history = plays[0].policies["agent2"]
+    assert history.name == "pool:1" and history.engines == t.stacks["agent2"].engines
+    assert history.weights == str(t.pools["agent2"].path_for(1))
+    assert not t.stacks["agent2"].engines[0].loaded  # loaded by the rollout, before pass 1 (Hybrid.load_snapshots)
+    assert snapshot_loads(plays) == {1: {"agent2": str(t.pools["agent2"].path_for(1))}}
+    both, _, _ = _plays(t, BOTH)
+    assert [p.pass_ for p in both] == [0, 0, 0] and snapshot_loads(both) == {}
+
+
 def test_both_is_one_all_current_pairing_feeding_every_role(tmp_path) -> None:
     t = _trainer(tmp_path, {"agent1": 3, "agent2": 3}, {"agent1": [1, 2], "agent2": [1, 2]})
     plays, log, seated = _plays(t, BOTH)

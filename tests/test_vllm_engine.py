@@ -84,7 +84,7 @@ def test_snapshot_file_and_object_store_loads_are_served(engine):
     import ray
     from safetensors.torch import save_file
 
-    from marti_ibrl.rollout.engines import params_digest
+    from marti_ibrl.rollout.digest import params_digest
 
     e, model, tmp = engine
     before = _generate(e)

@@ -38,7 +38,8 @@ from marti_ibrl.config import Config, ConfigError, RoleConfig
 from marti_ibrl.lora import AdapterRef
 from marti_ibrl.placement import colocated, device_slots, has_reference, pool_engine_count
 from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, listen_port, ray_env_vars, share_one_gpu
-from marti_ibrl.rollout.engines import create_engines, params_digest
+from marti_ibrl.rollout.digest import params_digest
+from marti_ibrl.rollout.engines import create_engines
 
 
 class NonFiniteError(RuntimeError):

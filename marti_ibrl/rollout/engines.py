@@ -31,13 +31,14 @@ same code on CPU and GPU; ``--rollout.engine`` picks one.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import OrderedDict
 
 import ray
 import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from marti_ibrl.rollout.digest import combine_param_hashes, param_hashes, params_digest
 
 GQA_SDPA = "sdpa_gqa"
 
@@ -69,30 +70,6 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
 
 AttentionInterface.register(GQA_SDPA, sdpa_gqa_attention)
 AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
-
-
-def params_digest(named_params) -> str:
-    """sha256 over (name, fp32 value) pairs in name order: equal digests mean equal weights, across processes,
-    dtypes and the order a file or a broadcast delivered them in. Each value is hashed as it comes (a ZeRO-3
-    parameter is whole only while it is gathered)."""
-    return combine_param_hashes(param_hashes(named_params))
-
-
-def param_hashes(named_params) -> dict[str, bytes]:
-    """name -> sha256 of the parameter's fp32 value: what :func:`params_digest` combines (an engine keeps these, not
-    a copy of the weights it loaded)."""
-    return {
-        name: hashlib.sha256(p.detach().float().cpu().contiguous().numpy().tobytes()).digest()
-        for name, p in named_params
-    }
-
-
-def combine_param_hashes(hashes: dict[str, bytes]) -> str:
-    h = hashlib.sha256()
-    for name, value in sorted(hashes.items()):
-        h.update(name.encode())
-        h.update(value)
-    return h.hexdigest()
 
 
 class HFGenerateEngine:

@@ -17,6 +17,11 @@ counted, and kept out of every role's training groups.
 Sampling is reproducible: sessions are named after (run seed, scenario, sample) and each engine call
 carries a seed derived from the run seed and the call, so a resumed run replays the same rollouts.
 
+Scenarios may be played in **passes** (Eq. 6's pairings: the trainer gives each pairing's plays its pass): a pass's
+dialogues are batched apart from other passes' and seeded by their pass, so the same dialogues come out whether the
+passes play at once (separate engines for a pool snapshot) or one after another with ``before_pass`` swapping
+weights in the same engines (``--train.colocate``: a role's own engines serve its pool snapshots, ``Policy.weights``).
+
 Malformed turns (the env says ``valid=False``) are re-sampled up to ``max_resamples`` times; the
 discarded attempts leave no trace. A turn still malformed after that ends the dialogue as
 malformed (no deal, the env's invalid penalty for its speaker). A turn the env cannot even read (its ``step`` raises:
@@ -65,6 +70,8 @@ class Policy:
     tokenizer: Any = None
     player: Any = None  # a TextPlayer (respond(env, role, trajectories) -> texts) instead of engines
     adapter: Any = None  # LoRA roles: the AdapterRef (marti_ibrl/lora.py) the engines serve this policy with
+    weights: str | None = None  # a snapshot file its engines must hold while serving it (another policy's engines,
+    # --train.colocate): the caller loads it before the pass that plays it (DialogueRunner.run's before_pass)
 
     def __post_init__(self):
         if (self.player is None) == (not self.engines):
@@ -77,6 +84,7 @@ class _Live:
     session: str  # the engines' prefix-cache key (hex)
     policies: Mapping[str, Policy]  # who plays each seat of this dialogue
     attempts: int = 0
+    pass_: int = 0  # batched and seeded apart from other passes (see the module doc)
 
 
 def _engine_index(item: _Live, n_engines: int) -> int:
@@ -150,6 +158,8 @@ class DialogueRunner:
         max_live: int | None = None,
         rotation: Sequence[int] | None = None,
         on_done: Callable[[int, Trajectory], None] | None = None,
+        passes: Sequence[int] | None = None,
+        before_pass: Callable[[int], None] | None = None,
     ) -> list[Trajectory]:
         """Play ``n_samples`` dialogues per (uid, scenario); ``policies[role]`` plays ``role``'s seat.
 
@@ -165,6 +175,11 @@ class DialogueRunner:
         dialogue of ``scenarios[i]`` has ended and its rewards are in, in the order they end: what a caller that
         stores episodes needs to lose none when it is killed (``marti-ibrl eval``). Trajectories come back in request
         order: scenario by scenario, sample by sample.
+
+        ``passes``: per scenario, the pass it is played in (default: one pass); each pass is batched and seeded apart.
+        ``before_pass(p)``: given, the passes play one after another in ascending order, the hook called before
+        each (e.g. to load a pool snapshot into engines: :attr:`Policy.weights`); else all at once. Either way the
+        same dialogues come out (with ``max_live`` None: every dialogue of a pass starts at its first turn).
         """
         if max_live is not None and max_live < 1:
             raise ValueError(f"max_live must be >= 1, got {max_live}")
@@ -176,6 +191,8 @@ class DialogueRunner:
             raise ValueError(f"{len(seats)} seat orders for {len(scenarios)} scenarios")
         if rotation is not None and len(rotation) != len(scenarios):
             raise ValueError(f"{len(rotation)} rotation indices for {len(scenarios)} scenarios")
+        if passes is not None and len(passes) != len(scenarios):
+            raise ValueError(f"{len(passes)} passes for {len(scenarios)} scenarios")
         fixed = getattr(self.env, "fixed_seats", None)
         rotated = list(range(len(scenarios)) if rotation is None else rotation)
         waiting: list[_Live] = []
@@ -197,12 +214,15 @@ class DialogueRunner:
                     sample_index=g,
                 )
                 session = hashlib.sha1(f"{seed}/{si}/{uid}/{g}".encode()).hexdigest()
-                waiting.append(_Live(traj, session, seat_policies))
+                waiting.append(_Live(traj, session, seat_policies, pass_=passes[si] if passes is not None else 0))
         request_order = {id(item.traj): i for i, item in enumerate(waiting)}
-        waiting.reverse()  # popped from the end: request order
-        live: list[_Live] = []
         total = len(waiting)
         cap = total if max_live is None else max_live
+        if before_pass is None:  # every pass at once
+            rounds = [(None, waiting)]
+        else:
+            numbers = sorted({item.pass_ for item in waiting})
+            rounds = [(p, [item for item in waiting if item.pass_ == p]) for p in numbers]
         done: list[Trajectory] = []
         scoring: list[tuple[Trajectory, dict[str, Future]]] = []
         bar = tqdm(total=total, desc="rollout", unit="dlg", disable=not progress, leave=False)
@@ -225,32 +245,37 @@ class DialogueRunner:
                 scoring.append((item.traj, self._score_async(pool, item.traj)))
                 bar.update(1)
 
-            for turn in itertools.count():
-                while waiting and len(live) < cap:
-                    item = waiting.pop()
-                    if self._end_if_context_full(item.traj):  # the opener's first prompt already leaves no room
-                        end(item)  # never sent to an engine; its views hold only the system prompt
-                    else:
-                        live.append(item)
-                if not live:
-                    break
-                batches = self._dispatch(live, players, seed, turn)
-                still_live, ended = [], []
-                for (role, _), (items, refs) in batches.items():
-                    if isinstance(refs, Future):
-                        outputs = refs.result()
-                    else:
-                        outputs = [o for chunk in ray.get(refs) for o in chunk]
-                    for item, out in zip(items, outputs):
-                        if self._apply(item, role, out):
-                            still_live.append(item)
+            for number, queue in rounds:
+                if number is not None:
+                    before_pass(number)
+                queue = queue[::-1]  # popped from the end: request order
+                live: list[_Live] = []
+                for turn in itertools.count():
+                    while queue and len(live) < cap:
+                        item = queue.pop()
+                        if self._end_if_context_full(item.traj):  # the opener's first prompt already leaves no room
+                            end(item)  # never sent to an engine; its views hold only the system prompt
                         else:
-                            ended.append(item)
-                            end(item)
-                live = still_live
-                self._end_sessions(ended)
-                if on_done is not None:
-                    hand_over(wait=False)
+                            live.append(item)
+                    if not live:
+                        break
+                    batches = self._dispatch(live, players, seed, turn)
+                    still_live, ended = [], []
+                    for (role, *_), (items, refs) in batches.items():
+                        if isinstance(refs, Future):
+                            outputs = refs.result()
+                        else:
+                            outputs = [o for chunk in ray.get(refs) for o in chunk]
+                        for item, out in zip(items, outputs):
+                            if self._apply(item, role, out):
+                                still_live.append(item)
+                            else:
+                                ended.append(item)
+                                end(item)
+                    live = still_live
+                    self._end_sessions(ended)
+                    if on_done is not None:
+                        hand_over(wait=False)
             hand_over(wait=True)
         bar.close()
         return sorted(done, key=lambda t: request_order[id(t)])
@@ -263,18 +288,18 @@ class DialogueRunner:
         players: ThreadPoolExecutor,
         seed: int,
         turn: int,
-    ) -> dict[tuple[str, str], tuple[list[_Live], list | Future]]:
-        """Group live dialogues by (speaker, its policy) and send every group off, all in flight together."""
-        groups: dict[tuple[str, str], list[_Live]] = {}
+    ) -> dict[tuple[str, str, int], tuple[list[_Live], list | Future]]:
+        """Group live dialogues by (speaker, its policy, pass) and send every group off, all in flight together."""
+        groups: dict[tuple[str, str, int], list[_Live]] = {}
         for item in live:
             role = self.env.current_role(item.traj.state)
-            groups.setdefault((role, item.policies[role].name), []).append(item)
-        batches: dict[tuple[str, str], tuple[list[_Live], list | Future]] = {}
-        for (role, name), items in groups.items():
+            groups.setdefault((role, item.policies[role].name, item.pass_), []).append(item)
+        batches: dict[tuple[str, str, int], tuple[list[_Live], list | Future]] = {}
+        for (role, name, pass_), items in groups.items():
             policy = items[0].policies[role]
             if policy.player is not None:
                 future = players.submit(policy.player.respond, self.env, role, [i.traj for i in items])
-                batches[role, name] = (items, future)
+                batches[role, name, pass_] = (items, future)
                 continue
             engines = policy.engines
             shards: dict[int, list[_Live]] = {}
@@ -283,7 +308,8 @@ class DialogueRunner:
             ordered, refs = [], []
             for e, shard in sorted(shards.items()):
                 prompts = [item.traj.views[role].generation_prompt() for item in shard]
-                call_seed = zlib.crc32(f"{seed}/{turn}/{role}/{name}/{e}".encode())
+                call = f"{seed}/{turn}/{role}/{name}/{e}" + (f"/pass{pass_}" if pass_ else "")
+                call_seed = zlib.crc32(call.encode())
                 sampling = {**self.sampling, "seed": call_seed}
                 sessions = [_cache_key(i, role) for i in shard]
                 if policy.adapter is None:
@@ -292,7 +318,7 @@ class DialogueRunner:
                     adapter = policy.adapter.as_dict()
                     refs.append(engines[e].generate_batch.remote(prompts, sampling, sessions, adapter=adapter))
                 ordered += shard
-            batches[role, name] = (ordered, refs)
+            batches[role, name, pass_] = (ordered, refs)
         return batches
 
     @staticmethod

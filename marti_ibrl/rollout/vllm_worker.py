@@ -72,7 +72,7 @@ class EngineWorkerExtension(WorkerWrap):
     """
 
     def _reload(self, weights) -> None:
-        from marti_ibrl.rollout.engines import param_hashes
+        from marti_ibrl.rollout.digest import param_hashes
 
         weights = list(weights)
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
@@ -111,7 +111,7 @@ class EngineWorkerExtension(WorkerWrap):
         worker keeps the hashes of the checkpoint-format tensors of its last loads; that they are also what it serves
         is tested by comparing its greedy output with HF's on the same weights (tests/test_vllm_engine.py).
         """
-        from marti_ibrl.rollout.engines import combine_param_hashes
+        from marti_ibrl.rollout.digest import combine_param_hashes
 
         if not getattr(self, "_loaded", None):
             raise RuntimeError("weights_digest: no weights were loaded into this engine since it started")
