@@ -6,8 +6,6 @@ config's: tests/test_config.py.)"""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -136,45 +134,44 @@ for name in sys.argv[2:]:
         with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), enabled=stage == "3"):
             return torch.cat([p.detach().float().flatten().clone() for p in engine.module.parameters()])
     log = []
-    for poison in (1.0, float("nan"), float("inf"), 1.0):
+    # "+nan": a NaN added to the loss, the gradients finite (no gradient check sees it); "*inf": the gradients too
+    for poison in ("+0", "+nan", "*inf", "+0"):
         before = weights()
         for i in range(2):
             x = torch.randn(4, 16, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
-            loss = engine(x).float().pow(2).mean() * (poison if i == 1 else 1.0)
+            loss = engine(x).float().pow(2).mean()
+            if i == 1:
+                loss = loss + float(poison[1:]) if poison[0] == "+" else loss * float(poison[1:])
             strategy.backward(loss, engine, None)
             strategy.optimizer_step(None, engine, None)
         after = weights()
-        log.append([str(poison), not torch.equal(before, after), bool(torch.isfinite(after).all()),
+        log.append([poison, not torch.equal(before, after), bool(torch.isfinite(after).all()),
                     engine.skipped_steps, engine.global_steps])
     out[name] = log
 print("RESULT " + json.dumps(out), flush=True)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.e2e  # DeepSpeed engines (ZeRO-2/3 on gloo) in a subprocess: a minute on 2 busy cores
 def test_deepspeed_skips_non_finite_steps_on_every_stage_and_dtype(tmp_path: Path) -> None:
     """fp32 (every ZeRO stage) and bf16 ZeRO-3, which DeepSpeed never checks, skip a NaN/inf step like the rest:
     weights untouched and finite, the step counted in ``skipped_steps`` (and ``global_steps``, which
-    ``RolePolicyActorBase.fit`` reports as ``update/steps``), and the next finite step trains. Without the guard
-    (OpenRLHF's own strategy), fp32 ZeRO-2 trains into NaN."""
+    ``RolePolicyActorBase.fit`` reports as ``update/steps``), and the next finite step trains. DeepSpeed 0.19.8 skips a step whose gradient norm is not finite itself, in
+    every stage and dtype; without the guard (OpenRLHF's own strategy) it takes a step whose loss is NaN while its
+    gradients are finite. (The guard's first version switched DeepSpeed's own bf16 ZeRO-2 check off and so trained
+    into NaN on 0.19.8: caught by this test in CI.)"""
     script = tmp_path / "steps.py"
     script.write_text(_STEPS)
-    names = ["2/fp32/guarded", "3/fp32/guarded", "2/bf16/guarded", "3/bf16/guarded", "2/fp32/plain"]
-    from marti_ibrl.procenv import child_env_vars
+    names = ["2/fp32/guarded", "3/fp32/guarded", "2/bf16/guarded", "3/bf16/guarded", "2/bf16/plain"]
+    from child_env import child_env
 
-    # the venv's DeepSpeed CPU op (built by `make install`), not a second build in ~/.cache beside other tests
-    env = {**os.environ, **child_env_vars(), "OMP_NUM_THREADS": "1"}
+    from marti_ibrl.procenv import listen_port
+
     run = subprocess.run(
-        [sys.executable, str(script), str(_free_port()), *names],
+        [sys.executable, str(script), str(listen_port()), *names],
         capture_output=True,
         text=True,
-        env=env,
+        env=child_env(),
         timeout=600,
         cwd=tmp_path,
     )
@@ -182,13 +179,13 @@ def test_deepspeed_skips_non_finite_steps_on_every_stage_and_dtype(tmp_path: Pat
     result = json.loads(next(ln for ln in run.stdout.splitlines() if ln.startswith("RESULT "))[7:])
     for name in names[:-1]:  # [poison, moved, finite, skipped_steps, global_steps] after each optimizer step
         assert result[name] == [
-            ["1.0", True, True, 0, 1],
-            ["nan", False, True, 1, 2],
-            ["inf", False, True, 2, 3],
-            ["1.0", True, True, 2, 4],
+            ["+0", True, True, 0, 1],
+            ["+nan", False, True, 1, 2],
+            ["*inf", False, True, 2, 3],
+            ["+0", True, True, 2, 4],
         ], name
-    plain = result["2/fp32/plain"]
-    assert plain[1][2] is False and plain[1][3] == 0  # unguarded: the NaN step is taken, the weights are NaN
+    plain = result["2/bf16/plain"]  # DeepSpeed alone steps on the NaN loss (its gradients are finite) ...
+    assert plain[1] == ["+nan", True, True, 0, 2] and plain[2][1:4] == [False, True, 1]  # ... and skips the inf ones
 
 
 def test_cli_reports_a_stopped_run_in_one_line(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -262,17 +262,14 @@ def test_deepspeed_multi_parameter_gathers_are_complete_on_gloo(tmp_path: Path) 
     """The guard for DeepSpeed's fix (ours upstreamed: PR #8539, in 0.19.8): before it about one gather in ten read a
     weight gloo was still writing (43-45 of 400 per rank on 0.19.6, measured); the weights must be the truth on every
     one of 2 x 400 gathers (50 rounds of 8 Linears per rank)."""
-    import os
     import subprocess
 
     script = tmp_path / "gathers.py"
     script.write_text(_GATHERS)
-    from marti_ibrl.procenv import child_env_vars
+    from child_env import child_env
 
-    # the venv's DeepSpeed CPU op (built by `make install`): ~/.cache's is shared with other venvs and rebuilt
-    env = {**os.environ, **child_env_vars(), "OMP_NUM_THREADS": "1"}
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
-    out = subprocess.run([*run, "50"], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    out = subprocess.run([*run, "50"], capture_output=True, text=True, env=child_env(), timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert sorted(re.findall(r"RANK (\d) WRONG (\d+)", out.stdout)) == [("0", "0"), ("1", "0")], out.stdout[-2000:]
 

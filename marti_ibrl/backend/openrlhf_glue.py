@@ -96,9 +96,33 @@ def skip_if_non_finite(engine, losses_finite: bool) -> bool:
             raise NonFiniteError("a NaN/inf loss, and ZeRO-0 cannot skip an optimizer step: use --ds.zero_stage >= 1")
         return False
     skip = bad_loss or optimizer.has_overflow()
-    optimizer.check_grad_overflow = False  # ZeRO-1/2 would re-check the gradients alone in step(), dropping the loss
-    optimizer.overflow = skip
+    decide_overflow(optimizer, skip)
     return skip
+
+
+def decide_overflow(optimizer, skip: bool) -> None:
+    """Make the ZeRO ``optimizer``'s next ``step()`` skip exactly when ``skip``.
+
+    DeepSpeed 0.19.8 clears ``overflow`` when ``step()`` starts and sets it again only in its own check: ZeRO-1/2
+    call ``check_overflow`` when ``check_grad_overflow`` is set (bf16 leaves it off: such a step trained into NaN),
+    ZeRO-3 only in fp16 (``_overflow_check_and_loss_scale_update``). Both checks are pointed at this decision, which
+    already holds DeepSpeed's own gradient test (``has_overflow``) and the losses; DeepSpeed's check of the gradient
+    norm still follows in both. Instance attributes only: nothing of DeepSpeed's classes changes."""
+    optimizer.overflow = skip
+
+    def check_overflow(partition_gradients: bool = True) -> None:
+        optimizer.overflow = skip
+
+    optimizer.check_overflow = check_overflow
+    if hasattr(optimizer, "check_grad_overflow"):  # ZeRO-1/2: step() calls check_overflow when this is set
+        optimizer.check_grad_overflow = True
+    if hasattr(optimizer, "_loss_scale_update_and_overflow_cleanup"):  # ZeRO-3: step() checks through this
+
+        def overflow_check_and_loss_scale_update(update_scale: bool = True) -> bool:
+            optimizer.overflow = skip
+            return optimizer._loss_scale_update_and_overflow_cleanup() if update_scale else optimizer.overflow
+
+        optimizer._overflow_check_and_loss_scale_update = overflow_check_and_loss_scale_update
 
 
 class IsolatedActorPPOTrainer(ActorPPOTrainer):
