@@ -215,6 +215,14 @@ class FakeServer:
                     server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
                     server.inflight += 1
                     server.max_inflight = max(server.max_inflight, server.inflight)
+                counted = [True]
+
+                def done():
+                    with server.lock:
+                        if counted:
+                            server.inflight -= 1
+                            counted.clear()
+
                 try:
                     if callable(server.script):
                         status, payload, headers, sleep = server.script(body)
@@ -228,12 +236,12 @@ class FakeServer:
                     for k, v in headers.items():
                         self.send_header(k, v)
                     self.end_headers()
+                    done()  # before the client can have the reply (and send its next request): a sound count
                     self.wfile.write(data)
                 except OSError:  # the client gave up (timeout)
                     pass
                 finally:
-                    with server.lock:
-                        server.inflight -= 1
+                    done()
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
