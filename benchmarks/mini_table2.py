@@ -173,18 +173,56 @@ def _log(msg: str) -> None:
     tqdm.write(f"[mini_table2] {msg}")
 
 
-def _run(cmd: list[str], log: Path) -> float:
-    """Run ``cmd`` with its output in ``log``; raise with the log's tail if it fails; returns seconds."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with log.open("w") as f:
-        f.write("$ " + shlex.join(cmd) + "\n")
+ATTEMPTS = "attempts.jsonl"
+"""KEEP/attempts.jsonl: one line per invocation of a unit's command, however it ended (``ok``, ``failed``,
+``stopped`` by SIGTERM, e.g. benchmarks/yield_to_ci.sh giving way): a unit killed and resumed costs more compute
+than its finishing invocation, which is all ``times.json`` holds."""
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM ends the driver through ``SystemExit`` (its ``finally`` blocks run: the attempt is recorded) rather
+    than at once."""
+    import signal
+
+    def stop(signum, frame):
+        raise SystemExit(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def record_attempt(keep: Path, unit: str, seconds: float, ended: str) -> None:
+    line = json.dumps({"unit": unit, "seconds": round(seconds, 1), "ended": ended, "at": round(time.time())})
+    with (keep / ATTEMPTS).open("a") as f:
+        f.write(line + "\n")
         f.flush()
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-    if rc != 0:
-        tail = log.read_text(errors="replace").splitlines()[-25:]
-        raise RuntimeError(f"{shlex.join(cmd[:4])} ... failed (exit {rc}); log {log}:\n" + "\n".join(tail))
-    return time.perf_counter() - t0
+        os.fsync(f.fileno())
+
+
+def attempt_hours(keep: Path) -> tuple[float, float]:
+    """(hours of every recorded attempt, hours of those that did not finish their unit)."""
+    path = keep / ATTEMPTS
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return sum(r["seconds"] for r in rows) / 3600, sum(r["seconds"] for r in rows if r["ended"] != "ok") / 3600
+
+
+def _run(cmd: list[str], log: Path, attempt: tuple[Path, str] | None = None) -> float:
+    """Run ``cmd`` with its output in ``log``; raise with the log's tail if it fails; returns seconds. ``attempt``:
+    (KEEP, unit) to record this invocation in KEEP/attempts.jsonl however it ends."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0, ended = time.perf_counter(), "stopped"
+    try:
+        with log.open("w") as f:
+            f.write("$ " + shlex.join(cmd) + "\n")
+            f.flush()
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        ended = "ok" if rc == 0 else "failed"
+        if rc != 0:
+            tail = log.read_text(errors="replace").splitlines()[-25:]
+            raise RuntimeError(f"{shlex.join(cmd[:4])} ... failed (exit {rc}); log {log}:\n" + "\n".join(tail))
+        return time.perf_counter() - t0
+    finally:
+        if attempt is not None:
+            record_attempt(attempt[0], attempt[1], time.perf_counter() - t0, ended)
 
 
 def record_time(keep: Path, key: str, seconds: float) -> None:
@@ -332,7 +370,8 @@ def train_unit(out: Path, keep: Path, arm: Arm, seed: int, sft: str, iterations:
     run = out / "runs" / arm.name / f"seed{seed}"
     if not finished(run, iterations):
         cmd = train_command(arm, seed, run, sft, iterations)
-        seconds = _run(cmd, out / "logs" / f"train_{arm.name}_seed{seed}.log")
+        unit = f"train {arm.name}/seed{seed}"
+        seconds = _run(cmd, out / "logs" / f"train_{arm.name}_seed{seed}.log", (keep, unit))
         record_time(keep, f"train {arm.name}/seed{seed}", seconds)
         _write_atomic(keep / "runs" / arm.name / f"seed{seed}.json", json.dumps(run_record(run, seconds), indent=1))
         _log(f"trained {arm.name} seed {seed} in {seconds:.0f}s")
@@ -398,7 +437,7 @@ def eval_unit(out: Path, keep: Path, cmd: list[str], seed: int, name: str, sft: 
     from marti_ibrl.eval.evaluator import read_episodes
 
     done = Path(cmd[cmd.index("--out") + 1])
-    seconds = _run(cmd, out / "logs" / f"eval_seed{seed}_{name}.log")
+    seconds = _run(cmd, out / "logs" / f"eval_seed{seed}_{name}.log", (keep, f"eval seed{seed}/{name}"))
     pairs = [  # (the summaries are computed from these when the report reads them)
         {k: p[k] for k in ("policy", "counterpart", "kind")}
         | {

@@ -176,8 +176,10 @@ def status(keep: Path) -> str:
     done = units(keep)
     ledger = json.loads((keep / v1.TIMES).read_text()) if (keep / v1.TIMES).exists() else {}
     hours = sum(ledger.values()) / 3600
+    tried, lost = v1.attempt_hours(keep)
     left = [k for k, v in done.items() if not v]
     head = f"{sum(done.values())} of {len(done)} units kept, {hours:.2f} h of compute in the ledger"
+    head += f" ({tried:.2f} h in recorded attempts, {lost:.2f} h of them stopped or failed)" if tried else ""
     return head + (f"; next: {', '.join(left[:4])}{' ...' if len(left) > 4 else ''}" if left else "; complete")
 
 
@@ -430,6 +432,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    v1.stop_on_sigterm()  # a stopped attempt is recorded (KEEP/attempts.jsonl)
     keep = (ROOT / args.keep).resolve() if args.keep else KEEP
     out = (ROOT / args.out).resolve()
     bad = sorted(set(args.seeds) - set(SEEDS))

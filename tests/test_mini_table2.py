@@ -215,10 +215,29 @@ def test_t_interval_is_the_95_percent_student_interval(bench):
     assert bench.t_interval([0.7]) == (0.7, None)  # one run: a point, no interval
 
 
+def test_every_invocation_of_a_unit_is_in_the_attempts_ledger(bench, tmp_path):
+    """A failed (or stopped) invocation's seconds are recorded as well as a finishing one's: killed and resumed units
+    cost more than times.json holds."""
+    import sys
+
+    bench.record_attempt(tmp_path, "train ibrl/seed0", 30.0, "stopped")
+    with pytest.raises(RuntimeError, match="failed"):
+        bench._run([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "log", (tmp_path, "eval seed0/ibrl"))
+    bench._run([sys.executable, "-c", "pass"], tmp_path / "log", (tmp_path, "eval seed0/ibrl"))
+    rows = [json.loads(x) for x in (tmp_path / bench.ATTEMPTS).read_text().splitlines()]
+    assert [(r["unit"], r["ended"]) for r in rows] == [
+        ("train ibrl/seed0", "stopped"),
+        ("eval seed0/ibrl", "failed"),
+        ("eval seed0/ibrl", "ok"),
+    ]
+    tried, lost = bench.attempt_hours(tmp_path)
+    assert tried >= lost >= 30 / 3600 and tried == pytest.approx(sum(r["seconds"] for r in rows) / 3600)
+
+
 def _fake_run(ran: list):
     """Stands in for ``_run``: a training run writes its state and final policy, an evaluation its episodes."""
 
-    def run(cmd, log):
+    def run(cmd, log, attempt=None):
         if cmd[3] == "train":
             path = Path(cmd[cmd.index("--ckpt.path") + 1])
             n = int(cmd[cmd.index("--train.iterations") + 1])
