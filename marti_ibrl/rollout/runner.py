@@ -183,7 +183,6 @@ class DialogueRunner:
         """
         if max_live is not None and max_live < 1:
             raise ValueError(f"max_live must be >= 1, got {max_live}")
-        roles = list(self.env.roles)
         per_scenario = [policies] * len(scenarios) if isinstance(policies, Mapping) else list(policies)
         if len(per_scenario) != len(scenarios):
             raise ValueError(f"{len(per_scenario)} policy mappings for {len(scenarios)} scenarios")
@@ -193,28 +192,13 @@ class DialogueRunner:
             raise ValueError(f"{len(rotation)} rotation indices for {len(scenarios)} scenarios")
         if passes is not None and len(passes) != len(scenarios):
             raise ValueError(f"{len(passes)} passes for {len(scenarios)} scenarios")
-        fixed = getattr(self.env, "fixed_seats", None)
         rotated = list(range(len(scenarios)) if rotation is None else rotation)
-        waiting: list[_Live] = []
-        for si, (uid, scenario) in enumerate(scenarios):
-            seat_policies = per_scenario[si]
-            for g in range(n_samples):
-                order = list(seats[si] if seats is not None else fixed or seats_for(roles, rotated[si], g))
-                traj = Trajectory(
-                    scenario_uid=uid,
-                    scenario=scenario,
-                    seats=order,
-                    policies={r: seat_policies[r].name for r in roles},
-                    state=self.env.new_state(scenario, order),
-                    views={
-                        r: RoleView(seat_policies[r].tokenizer, self.env.system_prompt(scenario, r))
-                        for r in roles
-                        if seat_policies[r].player is None
-                    },
-                    sample_index=g,
-                )
-                session = hashlib.sha1(f"{seed}/{si}/{uid}/{g}".encode()).hexdigest()
-                waiting.append(_Live(traj, session, seat_policies, pass_=passes[si] if passes is not None else 0))
+        waiting = [
+            self._request(si, uid, scenario, g, per_scenario[si], seed, order, passes[si] if passes else 0)
+            for si, (uid, scenario) in enumerate(scenarios)
+            for g in range(n_samples)
+            for order in [list(seats[si]) if seats is not None else self._seats(rotated[si], g)]
+        ]
         request_order = {id(item.traj): i for i, item in enumerate(waiting)}
         total = len(waiting)
         cap = total if max_live is None else max_live
@@ -248,37 +232,73 @@ class DialogueRunner:
             for number, queue in rounds:
                 if number is not None:
                     before_pass(number)
-                queue = queue[::-1]  # popped from the end: request order
-                live: list[_Live] = []
-                for turn in itertools.count():
-                    while queue and len(live) < cap:
-                        item = queue.pop()
-                        if self._end_if_context_full(item.traj):  # the opener's first prompt already leaves no room
-                            end(item)  # never sent to an engine; its views hold only the system prompt
-                        else:
-                            live.append(item)
-                    if not live:
-                        break
-                    batches = self._dispatch(live, players, seed, turn)
-                    still_live, ended = [], []
-                    for (role, *_), (items, refs) in batches.items():
-                        if isinstance(refs, Future):
-                            outputs = refs.result()
-                        else:
-                            outputs = [o for chunk in ray.get(refs) for o in chunk]
-                        for item, out in zip(items, outputs):
-                            if self._apply(item, role, out):
-                                still_live.append(item)
-                            else:
-                                ended.append(item)
-                                end(item)
-                    live = still_live
-                    self._end_sessions(ended)
-                    if on_done is not None:
-                        hand_over(wait=False)
+                after_turn = (lambda: hand_over(wait=False)) if on_done is not None else None
+                self._play(queue, cap, players, seed, end, after_turn)
             hand_over(wait=True)
         bar.close()
         return sorted(done, key=lambda t: request_order[id(t)])
+
+    def _seats(self, rotation: int, g: int) -> list[str]:
+        """The speaking order of sample g of the scenario at ``rotation``: the env's fixed seats, or rotated."""
+        fixed = getattr(self.env, "fixed_seats", None)
+        return list(fixed or seats_for(list(self.env.roles), rotation, g))
+
+    def _request(
+        self, si: int, uid: str, scenario: Any, g: int, policies: Mapping[str, Policy], seed: int, order, pass_: int
+    ) -> _Live:
+        """Sample g of ``scenarios[si]``: its trajectory (each role's view), session (run seed, scenario, sample)."""
+        roles = list(self.env.roles)
+        traj = Trajectory(
+            scenario_uid=uid,
+            scenario=scenario,
+            seats=order,
+            policies={r: policies[r].name for r in roles},
+            state=self.env.new_state(scenario, order),
+            views={
+                r: RoleView(policies[r].tokenizer, self.env.system_prompt(scenario, r))
+                for r in roles
+                if policies[r].player is None
+            },
+            sample_index=g,
+        )
+        session = hashlib.sha1(f"{seed}/{si}/{uid}/{g}".encode()).hexdigest()
+        return _Live(traj, session, policies, pass_=pass_)
+
+    def _play(
+        self,
+        queue: list[_Live],
+        cap: int,
+        players: ThreadPoolExecutor,
+        seed: int,
+        end: Callable[[_Live], None],
+        after_turn: Callable[[], None] | None,
+    ) -> None:
+        """Play the dialogues of ``queue`` (request order) turn by turn, at most ``cap`` live at once (a finished
+        one is replaced at the next turn); ``end(item)`` as each ends, ``after_turn()`` after each turn."""
+        queue = queue[::-1]  # popped from the end: request order
+        live: list[_Live] = []
+        for turn in itertools.count():
+            while queue and len(live) < cap:
+                item = queue.pop()
+                if self._end_if_context_full(item.traj):  # the opener's first prompt already leaves no room
+                    end(item)  # never sent to an engine; its views hold only the system prompt
+                else:
+                    live.append(item)
+            if not live:
+                return
+            still_live, ended = [], []
+            for (role, *_), (items, refs) in self._dispatch(live, players, seed, turn).items():
+                outputs = refs.result() if isinstance(refs, Future) else [o for c in ray.get(refs) for o in c]
+                for item, out in zip(items, outputs):
+                    if self._apply(item, role, out):
+                        still_live.append(item)
+                    else:
+                        ended.append(item)
+                        end(item)
+            live = still_live
+            self._end_sessions(ended)
+            if after_turn is not None:
+                after_turn()
 
     # -- one turn ------------------------------------------------------------------------------------------------
 
