@@ -113,11 +113,10 @@ class Hybrid:
     here (:data:`CPU_EFFECT` on CPU, None on GPUs)."""
 
     def __init__(self, cfg: Config, stacks: Mapping[str, Any], log: PhaseLog, together: bool = True) -> None:
-        self.mode = cfg.train.colocate
         self.colocated = colocated(cfg)
         self.stacks = dict(stacks)
         self.log = log
-        self.together = together or self.mode != "all"
+        self.together = together or cfg.train.colocate != "all"
         # colocated engines start asleep (create_vllm_engines with vllm_enable_sleep) and actors offloaded
         # (OpenRLHF's init with ds.enable_sleep); a weight sync wakes an engine set's weights only
         self.weights_awake = {r: not self.colocated for r in self.stacks}
@@ -176,7 +175,7 @@ class Hybrid:
         that served a pool snapshot (:meth:`load_snapshots`) get their actor's weights back before they sleep."""
         for role in self.stacks:
             self.wake(k, role)
-        with self._all(k, "engines", "generate"):
+        with self.log.phases([(k, role, "engines", "generate") for role in self.stacks]):
             yield
         self.restore(k)
         for role in self.stacks:
@@ -202,11 +201,6 @@ class Hybrid:
             with self.log.phases([(k, r, "engines", "restore") for r in roles]):
                 ray.get([ref for r in roles for ref in self.stacks[r].sync_engines_async()])
         self.holding_snapshot.clear()
-
-    @contextmanager
-    def _all(self, k: int, component: str, event: str) -> Iterator[None]:
-        with self.log.phases([(k, role, component, event) for role in self.stacks]):
-            yield
 
     def update(
         self, k: int, roles: Sequence[str], start: Callable[[str], tuple[list | None, Any]]

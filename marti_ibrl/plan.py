@@ -662,7 +662,6 @@ def _format_colocated(p: Plan) -> list[str]:
             )
         if cfg.train.device == "cpu":
             lines.append("  train.device cpu: no sleep mode (vLLM-CPU, HF engines): the processes only share slots")
-
     for role in trained_roles(cfg):
         served = pool_served_by(cfg, role)
         if served and (colocated(cfg) or role.lora_rank > 0):

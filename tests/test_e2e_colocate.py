@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from rollouts import record_rollouts
 from test_e2e_ibrl import tiny_flags
 
 from marti_ibrl.phases import read_phases, violations
@@ -45,14 +46,7 @@ def runs(tmp_path_factory):
         flags = [*tiny_flags(model, run_dir, 4), "--role2.update_every", "2", "--train.colocate", layout]
         flags += ["--role1.kl_coef", "0.01", "--role2.kl_coef", "0.01", "--pool.probs", "[0.0,0.0,1.0]"]
         trainer = IBRLTrainer(load_config(flags))
-        played, rollout = [], trainer.runner.run
-
-        def keep(*args, _rollout=rollout, _played=played, **kw):
-            trajectories = _rollout(*args, **kw)
-            _played.extend(trajectories)
-            return trajectories
-
-        trainer.runner.run = keep
+        played = record_rollouts(trainer)
         slots = ray.cluster_resources()["GPU"]
         try:
             history = trainer.fit()

@@ -105,6 +105,7 @@ def judged_iterations(endpoint, tmp_path_factory):
     schema; ``off``: JSON mode, parse and retry), SmolLM2 judging both roles; tiny local policies, no reference and
     no pool engines (fewer processes). Returns {setting: (trainer, first iteration's metrics, its trajectories)}."""
     import ray
+    from rollouts import record_rollouts
 
     from marti_ibrl.config import load_config
     from marti_ibrl.tiny import build_tiny_telesales_model
@@ -130,14 +131,7 @@ def judged_iterations(endpoint, tmp_path_factory):
             ]
         )
         trainer = IBRLTrainer(cfg)
-        played, rollout = [], trainer.runner.run
-
-        def keep(*args, _rollout=rollout, _played=played, **kw):
-            trajectories = _rollout(*args, **kw)
-            _played.extend(trajectories)
-            return trajectories
-
-        trainer.runner.run = keep
+        played = record_rollouts(trainer)
         try:
             history = trainer.fit()
         finally:
