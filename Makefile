@@ -31,7 +31,7 @@ UV_INSTALL := $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-byteco
 INSTALL_LOG := $(VENV)/install.log
 STEP := bash scripts/install-step.sh $(INSTALL_LOG)
 
-.PHONY: install test test-fast lint test-openrlhf upstream-check demo slurm slurm-if-root chromium chromium-if-root clean
+.PHONY: install ds-ops test test-fast lint test-openrlhf upstream-check demo slurm slurm-if-root chromium chromium-if-root clean
 
 install: $(STAMP)
 
@@ -85,12 +85,20 @@ test-openrlhf: install
 upstream-check: install
 	$(VENV)/bin/marti-ibrl patch export --check $(if $(AGAINST),--against $(AGAINST))
 
-# Lint, OpenRLHF's suite and the Slurm install side by side, then our tests on TEST_WORKERS pytest-xdist workers
+# DeepSpeed's CPU FusedAdam op (what OpenRLHF's actors step with), JIT-built into this venv once: ~2.5 CPU-minutes on
+# 2 cores that every DeepSpeed test would otherwise wait on at its first step. `make test` builds it beside the
+# Slurm and Chromium installs (which mostly download); a training run builds it by itself where it is missing.
+ds-ops: install
+	@$(STEP) "DeepSpeed's CPU FusedAdam op (FusedAdamBuilder)" \
+		env TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(PY) -c "from deepspeed.accelerator import \
+		get_accelerator as a; b = a().create_op_builder('FusedAdamBuilder'); b and b.load()"
+
+# Lint, OpenRLHF's suite, the FusedAdam op and the Slurm install side by side, then our tests on TEST_WORKERS pytest-xdist workers
 # (0: serially), one test module at a time each; tests/conftest.py orders and groups the modules (the Slurm ones
 # together, one Slurm per session).
 TEST_WORKERS ?= 2
 test: install
-	$(MAKE) --no-print-directory -j3 lint test-openrlhf slurm-if-root chromium-if-root
+	$(MAKE) --no-print-directory -j4 lint test-openrlhf ds-ops slurm-if-root chromium-if-root
 	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
 # The unit tier alone (docs/testing.md#tiers): every test but the e2e ones, which start Ray, a vLLM engine, the local

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
 from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS
-from marti_ibrl.eval.evaluator import SELF, Evaluator, Named
+from marti_ibrl.eval.dond.evaluator import Evaluator
+from marti_ibrl.eval.episodes import SELF, Named
 
 
 def _played_engine(model: str, env: DondEnv, n: int, turns: int, max_new_tokens: int):
@@ -113,7 +114,8 @@ def engine_attention(model: str, env: DondEnv, n: int, turns: int, max_new_token
 
 def eval_stream(model: str, env: DondEnv, n: int, max_new_tokens: int) -> float:
     """Episodes/s of the per-pair and the streamed evaluation of one policy; returns their ratio."""
-    from marti_ibrl.backend.openrlhf_glue import FrozenEngines, start_ray
+    from marti_ibrl.backend.cluster import start_ray
+    from marti_ibrl.backend.stack import FrozenEngines
 
     scenarios = [(s.uid, s) for s in generate_scenarios(n, 4242)]
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": max_new_tokens}

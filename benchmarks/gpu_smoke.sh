@@ -3,13 +3,14 @@
 # installed (HF generate otherwise) — with timings: start-up (Ray, engines, DeepSpeed models, first weight sync) and
 # the iteration's timing/* metrics. Config: recipes/dond/tiny-cpu.yaml with --train.device cuda and bf16. Then the
 # same iteration colocated (--train.colocate all, vLLM only): the GPU memory its engines' sleep frees (mem_get_info
-# with the engines asleep, awake, asleep), the seconds to wake and to sleep, and the phase record's violations.
+# with the engines asleep, awake, asleep), the seconds to wake and to sleep, and the phase record's violations. Before
+# it, 3 iterations synchronous and with --train.async_rollout: seconds per iteration, overlap, staleness.
 #
 #   bash benchmarks/gpu_smoke.sh [extra --section.key VALUE flags]      (OUT=DIR keeps the run; default: a temp dir)
 #
 # Exit 2 within seconds, before Ray starts, on a machine without a usable CUDA GPU (no nvidia-smi, or torch without
 # CUDA). One GPU is enough: MARTI_IBRL_SHARE_ONE_GPU=1 runs every device slot of the job (actors, references,
-# engines: 8 here) on the one visible GPU (backend/openrlhf_glue.py start_ray), vLLM engines with a small
+# engines: 8 here) on the one visible GPU (backend/cluster.py start_ray), vLLM engines with a small
 # gpu_memory_utilization each. The whole run is capped at SMOKE_TIMEOUT seconds (default 540).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,12 +79,29 @@ print(f"  {'total':<62} {time.perf_counter() - t0:8.1f} s")
 keys = ("rollout/turns", "rollout/malformed", "agent1/updated", "agent2/updated")
 print("  " + ", ".join(f"{k} {m[k]:.2f}" for k in keys))
 
+# --train.async_rollout (issue 38): 3 iterations synchronous, then asynchronous (staleness 1), same seed: the wall
+# time per iteration, the generation that overlapped the previous iteration's updates, the data's staleness
+from marti_ibrl.phases import read_phases, violations
+
+timed = {}
+for mode, more in (("sync", []), ("async", ["--train.async_rollout", "true"])):
+    run = load_config(flags + extra + ["--train.iterations", "3", "--ckpt.path", f"{out}/run-{mode}", *more])
+    trainer = IBRLTrainer(run)
+    timed[mode] = trainer.fit()
+    ray.shutdown()
+print("\ngpu_smoke: --train.async_rollout vs synchronous, 3 iterations (seconds per iteration)")
+for mode, history in timed.items():
+    print(f"  {mode:<6} " + " ".join(f"{m['timing/iteration']:6.2f}" for m in history)
+          + (f"   overlap {[round(m['async/overlap_seconds'], 2) for m in history]}, agent1 staleness "
+             f"{[m['agent1/async/staleness'] for m in history]}" if mode == "async" else ""))
+records = read_phases(f"{out}/run-async")
+print(f"  async phases.jsonl: violations: {violations(records, {0: ['agent1', 'agent2'], 1: ['agent1'], 2: ['agent1', 'agent2'], 3: ['agent1']}, colocated=False) or 'none'}")
+
 # --train.colocate all (issue 37): both roles' engines, actors and references on the same GPU. The driver sees the
 # one GPU (MARTI_IBRL_SHARE_ONE_GPU), so torch.cuda.mem_get_info measures what sleeping frees on the device.
 if not importlib.util.find_spec("vllm"):
     print("\ngpu_smoke: colocated: skipped (HF engines cannot sleep; install vllm)")
     sys.exit(0)
-from marti_ibrl.phases import read_phases, violations
 
 colocated = load_config(flags + extra + ["--train.colocate", "all", "--ckpt.path", f"{out}/run-colocated",
                                          "--pool.num_engines", "0", "--role1.num_engines", "1",

@@ -100,7 +100,7 @@ def dialogue_mask(batch: int, response: int, gen: torch.Generator) -> torch.Tens
 
 def role_args_for(model_dir: str, batch: int, group: int, run_dir: str, lr: float | None = None):
     """The role's OpenRLHF args as the trainer builds them (one micro-batch = the whole batch); ``lr``: override."""
-    from marti_ibrl.backend.openrlhf_glue import role_args
+    from marti_ibrl.backend.args import role_args
     from marti_ibrl.config import load_config
 
     flags = ["--role1.pretrain", model_dir, "--role2.pretrain", model_dir, "--ckpt.path", run_dir]
@@ -138,7 +138,7 @@ class Bench:
         from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
         from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
 
-        from marti_ibrl.backend.openrlhf_glue import IsolatedActorPPOTrainer, IsolatedExperienceMaker
+        from marti_ibrl.backend.actors import IsolatedActorPPOTrainer, IsolatedExperienceMaker
         from marti_ibrl.tiny import build_tiny_model, dond_corpus
 
         random.seed(seed)

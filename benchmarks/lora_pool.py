@@ -27,7 +27,6 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -94,7 +93,7 @@ def main() -> None:
     from safetensors.torch import save_file
 
     from marti_ibrl.algorithm.pool import file_sha256
-    from marti_ibrl.backend.openrlhf_glue import start_ray
+    from marti_ibrl.backend.cluster import start_ray
     from marti_ibrl.lora import AdapterRef, vllm_max_lora_rank, write_adapter
     from marti_ibrl.plan import MODEL_TABLE, lora_params, model_spec
     from marti_ibrl.rollout.engines import create_engines
@@ -139,14 +138,13 @@ def main() -> None:
         del p
 
         start_ray(2, "cpu", log_to_driver=False)  # two engines, one after the other (a killed one keeps its slot)
-        eargs = SimpleNamespace(vllm=SimpleNamespace(gpu_memory_utilization=0.5))
         g = torch.Generator().manual_seed(0)
         vocab = peft.config.vocab_size
         prompts = [torch.randint(10, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
         sampling = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens, "seed": 3}
         tput = {}
         try:
-            (plain,) = create_engines(eargs, model, 0, True, 1, 1, 512, dtype="fp32", kv_sequences=args.prompts)
+            (plain,) = create_engines(model, 0, True, 1, 1, 512, dtype="fp32", device="cpu", kv_sequences=args.prompts)
             _throughput(plain, prompts[:2], sampling, [None])  # warm-up
             tput["full-weight engine, base"] = _throughput(plain, prompts, sampling, [None])
             state_ref = ray.put(full_state)
@@ -156,7 +154,9 @@ def main() -> None:
 
             lora = {"max_loras": args.adapters, "max_lora_rank": vllm_max_lora_rank(args.rank)}
             lora["max_cpu_loras"] = args.adapters + 2
-            (e,) = create_engines(eargs, model, 0, True, 1, 1, 512, dtype="fp32", kv_sequences=args.prompts, lora=lora)
+            (e,) = create_engines(
+                model, 0, True, 1, 1, 512, dtype="fp32", device="cpu", kv_sequences=args.prompts, lora=lora
+            )
             _throughput(e, prompts[:2], sampling, [None])
             n = [0]
 

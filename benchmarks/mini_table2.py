@@ -434,7 +434,7 @@ THIN_DROP = ("transcript",)  # the bulk of an episode record; every metric is co
 
 def eval_unit(out: Path, keep: Path, cmd: list[str], seed: int, name: str, sft: str) -> None:
     """Run one evaluation (resuming from its episodes in ``OUT``) and keep its pairs with thin episodes."""
-    from marti_ibrl.eval.evaluator import read_episodes
+    from marti_ibrl.eval.episodes import read_episodes
 
     done = Path(cmd[cmd.index("--out") + 1])
     seconds = _run(cmd, out / "logs" / f"eval_seed{seed}_{name}.log", (keep, f"eval seed{seed}/{name}"))
@@ -485,7 +485,7 @@ def run_seed(out: Path, keep: Path, profile: Profile, table: dict[str, Arm], sft
 
 def load_results(keep: Path, seeds: Sequence[int]) -> list[dict]:
     """Every kept evaluated pair of every seed: ``{"seed", "policy", "counterpart", "kind", "episodes", "summary"}``."""
-    from marti_ibrl.eval.dond_metrics import summarize_seat_averaged
+    from marti_ibrl.eval.dond.metrics import summarize_seat_averaged
 
     pairs = []
     for seed in seeds:
@@ -519,7 +519,7 @@ def _md(rows: list[list[str]]) -> str:
 def per_arm(pairs: list[dict], arm: str, kind: str, counterpart: str | None = None) -> dict[int, dict]:
     """Seed -> seat-averaged summary of ``arm`` against the counterpart(s) of ``kind``, pooling the episodes of
     several counterparts of one kind (held-out bots, a pool of in-system bots) into one summary per seed."""
-    from marti_ibrl.eval.dond_metrics import summarize_seat_averaged
+    from marti_ibrl.eval.dond.metrics import summarize_seat_averaged
 
     by_seed: dict[int, list] = {}
     for p in pairs:

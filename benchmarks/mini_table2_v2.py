@@ -208,7 +208,7 @@ def mean_over(pairs: list[dict], arm: str, seed: int, counterparts: Sequence[str
     """The mean over ``counterparts`` of the seat-averaged ``key`` of (arm, seed); None if any is missing.
 
     ``expected_utility`` counts a no-deal as 0 (agreement × own utility), so it is never undefined; ``agreement``
-    counts a failed or malformed ending as no deal (:func:`marti_ibrl.eval.dond_metrics.summarize`)."""
+    counts a failed or malformed ending as no deal (:func:`marti_ibrl.eval.dond.metrics.summarize`)."""
     values = [_rate(pairs, arm, seed, c, key) for c in counterparts]
     if not values or any(v is None for v in values):
         return None

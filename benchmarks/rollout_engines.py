@@ -25,16 +25,14 @@ import random
 import statistics
 import tempfile
 import time
-from types import SimpleNamespace
 
 
 def _engine(model: str, kind: str, prefix_caching: bool, max_len: int):
     from marti_ibrl.rollout.engines import create_engines
 
-    args = SimpleNamespace(vllm=SimpleNamespace(gpu_memory_utilization=0.5))
     t0 = time.perf_counter()
     (engine,) = create_engines(
-        args, model, 0, kind == "vllm", 1, 1, max_len, dtype="fp32", prefix_caching=prefix_caching
+        model, 0, kind == "vllm", 1, 1, max_len, dtype="fp32", device="cpu", prefix_caching=prefix_caching
     )
     import ray
 
@@ -87,7 +85,7 @@ def main(argv=None) -> int:
 
     import ray
 
-    from marti_ibrl.backend.openrlhf_glue import start_ray
+    from marti_ibrl.backend.cluster import start_ray
 
     model = a.model
     if model is None:

@@ -108,7 +108,7 @@ def device_memory_gib(stacks: Mapping[str, Any]) -> float:
 class Hybrid:
     """Drives one run's phases (see the module doc) and records each in ``RUN/phases.jsonl``.
 
-    ``stacks``: the trained roles' :class:`~marti_ibrl.backend.openrlhf_glue.RoleStack` (their ``engines`` and
+    ``stacks``: the trained roles' :class:`~marti_ibrl.backend.stack.RoleStack` (their ``engines`` and
     ``actor`` groups are all it touches). ``together``: :func:`updates_together`. ``effect``: what sleeping changes
     here (:data:`CPU_EFFECT` on CPU, None on GPUs)."""
 

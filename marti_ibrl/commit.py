@@ -11,12 +11,19 @@ as it would have been without the interruption. No torch, no Ray: diagnostics an
 The run directory is protected here too (:func:`open_run_dir`, before Ray starts): a directory that holds a run
 (:func:`run_contents`) is resumed (``--ckpt.load_enable``, after every committed pool snapshot is checked against the
 record) or started over only when asked (``--ckpt.overwrite``, :func:`clear_run`); never silently overwritten.
+
+Under ``--train.async_rollout`` the rollout of iteration k+1 is made while k learns, by policies that will not exist
+again (the engines' weights before k's syncs): the commit of k therefore holds it (:func:`write_rollout`, a pickle in
+``RUN/rollouts/`` named in the record with its size and sha256, checked before it is read back: the file is the
+run's own, written by this code; a file that does not check out is refused, never unpickled).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +33,8 @@ from marti_ibrl.config import ConfigError
 STATE_FILE = "trainer_state.json"
 RUN_FILES = (STATE_FILE, STATE_FILE + ".tmp", "config.yaml", "topology.json", "sync_checks.jsonl")
 """The files a training run writes at the top of its directory (:func:`clear_run` deletes them, with ``pool/``,
-``tensorboard/`` and the role directories)."""
+``rollouts/``, ``tensorboard/`` and the role directories)."""
+ROLLOUTS_DIR = "rollouts"  # --train.async_rollout: the committed rollouts in flight
 
 
 class RunDirError(ConfigError):
@@ -50,6 +58,8 @@ class Commit:
     """The per-iteration metrics so far."""
     rollout_log: list[dict] = field(default_factory=list)
     """Per iteration: Eq. 6 configuration, the policies in every seat, scenario order."""
+    ahead: dict | None = None
+    """``--train.async_rollout``: the rollout of iteration+1, made before this commit (:func:`write_rollout`)."""
 
     @classmethod
     def read(cls, run_dir: Path) -> Commit | None:
@@ -146,6 +156,8 @@ def open_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, seed: int) -> 
                         "is missing: restore it, or start over (--ckpt.overwrite true)"
                     )
             verify_pools(run_dir, commit)
+            if commit.ahead is not None:
+                read_rollout(run_dir, commit.ahead, check_only=True)
         return commit
     found = run_contents(run_dir)
     if found and not overwrite:
@@ -182,7 +194,7 @@ def clear_run(run_dir: Path, roles: list[str]) -> tuple[list[str], list[str]]:
         return [], []
     role_dirs = set(roles) | {p.parent.name for name in ("ckpt", "hf") for p in run_dir.glob(f"*/{name}")}
     deleted = []
-    for name in [*RUN_FILES, "pool", "tensorboard", *sorted(role_dirs)]:
+    for name in [*RUN_FILES, "pool", ROLLOUTS_DIR, "tensorboard", *sorted(role_dirs)]:
         path = run_dir / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -192,3 +204,50 @@ def clear_run(run_dir: Path, roles: list[str]) -> tuple[list[str], list[str]]:
             continue
         deleted.append(name)
     return deleted, sorted(p.name for p in run_dir.iterdir())
+
+
+def write_rollout(run_dir: Path, rollout) -> dict:
+    """Write ``rollout`` (``marti_ibrl.trainer.Rollout``, made) to ``RUN/rollouts/kK.pkl``, durably (a temporary file
+    fsynced and renamed); returns the commit record's entry for it: iteration, file, size, sha256."""
+    folder = Path(run_dir) / ROLLOUTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    data = pickle.dumps(rollout, protocol=pickle.HIGHEST_PROTOCOL)
+    path = folder / f"k{rollout.k}.pkl"
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    return {
+        "iteration": rollout.k,
+        "file": f"{ROLLOUTS_DIR}/{path.name}",
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
+def read_rollout(run_dir: Path, entry: dict, check_only: bool = False):
+    """The rollout a commit record's ``ahead`` entry names, after its size and sha256 check out (a RunDirError names
+    the file otherwise); with ``check_only``, only the check."""
+    path = Path(run_dir) / entry["file"]
+    data = path.read_bytes() if path.is_file() else None
+    if data is None:
+        found = "missing"
+    elif len(data) != entry["size"]:
+        found = f"{len(data)} bytes, not the {entry['size']} committed"
+    elif hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        found = "its sha256 differs from the committed one"
+    else:
+        return None if check_only else pickle.loads(data)
+    raise RunDirError(
+        f"--ckpt.load_enable: {path} ({found}), the rollout of iteration {entry['iteration']} that "
+        f"{Path(run_dir) / STATE_FILE} committed: restore the file, or start over (--ckpt.overwrite true)"
+    )
+
+
+def drop_rollouts(run_dir: Path, keep: str | None) -> None:
+    """Delete the rollouts in ``RUN/rollouts/`` but ``keep`` (the committed one's file), e.g. older commits' ones."""
+    for path in (Path(run_dir) / ROLLOUTS_DIR).glob("k*.*"):
+        if f"{ROLLOUTS_DIR}/{path.name}" != keep:
+            path.unlink()

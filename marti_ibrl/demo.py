@@ -239,6 +239,16 @@ def main(args: argparse.Namespace) -> int:
     report = write_report(cfg.ckpt.path)
     _step(learning_summary(history))
     _step(f"report: {report} (next: marti-ibrl eval / diagnose, see docs/evaluation.md)")
+    from marti_ibrl.envs import registry
+
+    if (
+        registry.get(cfg.env.name).evaluate is not None
+    ):  # the evaluation of this run's pair, on the protocol it trained on (--run)
+        run, (a, b) = cfg.ckpt.path, [r.name for r in cfg.roles]
+        _step(
+            f"evaluate it: marti-ibrl eval --run {run} --policy {a}={run}/{a}/hf "
+            f"--in-system {a}=checkpoint:{run}/{b}/hf --counterpart heldout:hardliner -n 50 --out {run}/eval"
+        )
     _step(f"total {time.perf_counter() - t_start:.0f}s; the curves:")
     for name in ("outcome_curves.png", "reward_curves.png"):
         print(Path(cfg.ckpt.path) / "figures" / name, flush=True)

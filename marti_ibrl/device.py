@@ -12,16 +12,17 @@ import torch
 from marti_ibrl.config import ConfigError
 
 
-def resolve_device(requested: str) -> str:
-    """The device a ``--train.device`` value runs on: ``auto`` is cuda when torch sees a CUDA device, else cpu;
-    ``cuda`` without one is a :class:`~marti_ibrl.config.ConfigError` naming the flag."""
+def resolve_device(requested: str, flag: str = "--train.device") -> str:
+    """The device a ``--train.device`` value (or an evaluation's ``--device``: ``flag``) runs on: ``auto`` is cuda
+    when torch sees a CUDA device, else cpu; ``cuda`` without one is a :class:`~marti_ibrl.config.ConfigError`
+    naming the flag. Every command that picks a device asks here, and hands the answer on (the engines take it)."""
     cuda = torch.cuda.is_available()
     if requested == "auto":
         return "cuda" if cuda else "cpu"
     if requested == "cuda" and not cuda:
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise ConfigError(
-            f"--train.device: cuda, but torch ({torch.__version__}, {build}) sees no CUDA device here; "
+            f"{flag}: cuda, but torch ({torch.__version__}, {build}) sees no CUDA device here; "
             "use cpu (or auto) on this machine"
         )
     return requested

@@ -4,7 +4,7 @@ What a LoRA role changes, and where (the rest of IB-RL is the same trainer):
 
 * **Training**: OpenRLHF's own LoRA (``--ds.lora.*`` of its parser: its ``Actor`` wraps the base with peft's
   ``get_peft_model``, DeepSpeed's optimizer holds only the trainable adapter parameters), set per role by
-  :func:`marti_ibrl.backend.openrlhf_glue.role_args`. θ_i is the adapter; the base weights never change.
+  :func:`marti_ibrl.backend.args.role_args`. θ_i is the adapter; the base weights never change.
 * **The KL reference π_ref of Eq. 5 is the base with the adapter off.** OpenRLHF itself starts a second model for it
   (``ReferenceModelActor`` loading the same base checkpoint: the memory and devices of another copy of the base);
   here the role's own actor computes it with peft's ``disable_adapter()`` (``RolePolicyActorBase.forward_base``), so a

@@ -33,7 +33,7 @@ PHASES_FILE = "phases.jsonl"
 COMPONENTS = ("engines", "actor")
 EVENTS = {
     "engines": ("wake", "sleep", "generate", "sync", "load", "restore"),
-    "actor": ("reload", "offload", "train", "sync"),
+    "actor": ("reload", "offload", "experience", "train", "sync"),
 }
 """Which events each component has: ``sync`` is the weight broadcast (actor → engines), recorded on both sides;
 ``load``: the engines load a pool snapshot to serve it (colocated, Eq. 6's history), ``restore``: they take their
@@ -112,7 +112,8 @@ def violations(
 
     Rules: an engine set generates only while awake (engines start awake; ``sleep`` → asleep until ``wake``); an
     actor trains only while its states are loaded (actors start loaded; ``offload`` → until ``reload``); a role that
-    is not due at an iteration neither reloads nor trains its actor, nor syncs. With ``colocated``, no actor trains
+    is not due at an iteration neither reloads nor trains its actor, nor syncs; an engine set is never synced while
+    it generates (``--train.async_rollout``: k's syncs wait for k+1's rollout). With ``colocated``, no actor trains
     while an engine set on the same GPUs is awake, and no engine set generates while an actor's states there are
     loaded; the GPUs' tenants are every role in ``records`` (both roles for ``all``; pass one role's records for
     ``role``)."""
@@ -151,4 +152,18 @@ def violations(
                     out.append(f"{where}: trained while engines of {', '.join(sorted(awake))} were awake")
         if role not in due.get(k, ()) and ev in ("reload", "train", "sync"):
             out.append(f"{where}: {role} is not due at iteration {k}")
+    generating = [r for r in ordered if r["component"] == "engines" and r["event"] == "generate"]
+    for r in ordered:
+        if r["component"] == "engines" and r["event"] == "sync":
+            during = [g for g in generating if _same_set(g, r) and g["start"] < r["end"] and r["start"] < g["end"]]
+            out += [
+                f"iteration {r['iteration']}, {r['role']} engines sync at {r['start']:.3f}-{r['end']:.3f}s: while "
+                f"they generated iteration {g['iteration']}'s rollout ({g['start']:.3f}-{g['end']:.3f}s)"
+                for g in during
+            ]
     return out
+
+
+def _same_set(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two records of one role's engines in one session."""
+    return a["role"] == b["role"] and a.get("session", 0) == b.get("session", 0)

@@ -1,8 +1,8 @@
 """Where a job's processes go: the devices each component of each role asks Ray for. No torch, no Ray.
 
 :func:`placement` is the one list of them: ``train`` sizes its Ray start-up with it (:func:`device_slots`, used by
-``backend/openrlhf_glue.py``) and ``marti-ibrl plan`` prints it, so the two cannot disagree. Per trained role, in
-the order :meth:`RoleStack.start <marti_ibrl.backend.openrlhf_glue.RoleStack.start>` creates them:
+``backend/stack.py``) and ``marti-ibrl plan`` prints it, so the two cannot disagree. Per trained role, in
+the order :meth:`RoleStack.start <marti_ibrl.backend.stack.RoleStack.start>` creates them:
 
 * ``engines``: ``roleN.num_engines`` rollout engines of ``roleN.tensor_parallel_size`` GPUs each (current policy);
   with ``rollout.share_engines`` only the first trained role's, serving every LoRA role (:func:`shares_engines`);

@@ -33,12 +33,10 @@ class ServeError(RuntimeError):
 
 
 def _has_cuda() -> bool:
-    try:
-        import torch
+    """Whether the server runs on a GPU: the device ``auto`` resolves to (:func:`marti_ibrl.device.resolve_device`)."""
+    from marti_ibrl.device import resolve_device
 
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
+    return resolve_device("auto") == "cuda"
 
 
 def serve_command(

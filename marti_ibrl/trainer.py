@@ -16,9 +16,9 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
 
@@ -38,16 +38,11 @@ from marti_ibrl.algorithm.pool import (
     sample_configuration,
 )
 from marti_ibrl.algorithm.schedule import roles_due
+from marti_ibrl.backend.args import engine_kind
+from marti_ibrl.backend.cluster import init_ray, kill_actors, wait_for_cluster
+from marti_ibrl.backend.finite import NonFiniteError
 from marti_ibrl.backend.nodes import NodeLostError, NodeWatch, loss_message
-from marti_ibrl.backend.openrlhf_glue import (
-    NonFiniteError,
-    RoleStack,
-    engine_kind,
-    init_ray,
-    kill_actors,
-    start_engines,
-    wait_for_cluster,
-)
+from marti_ibrl.backend.stack import RoleStack, start_engines
 from marti_ibrl.colocate import (
     CPU_EFFECT,
     Hybrid,
@@ -56,7 +51,17 @@ from marti_ibrl.colocate import (
     sleep_summary,
     updates_together,
 )
-from marti_ibrl.commit import STATE_FILE, Commit, RunDirError, clear_run, open_run_dir, pin_deepspeed_latest
+from marti_ibrl.commit import (
+    STATE_FILE,
+    Commit,
+    RunDirError,
+    clear_run,
+    drop_rollouts,
+    open_run_dir,
+    pin_deepspeed_latest,
+    read_rollout,
+    write_rollout,
+)
 from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
 from marti_ibrl.device import check_device_dtype, resolve_device
 from marti_ibrl.envs import make_env
@@ -80,6 +85,24 @@ class Play:
     policies: dict[str, Policy]
     learners: tuple[str, ...]
     pass_: int = 0  # the rollout pass (DialogueRunner.run): 0 for a pairing of current policies, then 1, 2, ...
+
+
+@dataclass
+class Rollout:
+    """Iteration k's joint rollout (Alg. 1 lines 3-5): made by :meth:`IBRLTrainer.prepare` and
+    :meth:`~IBRLTrainer.generate`, learnt from by :meth:`~IBRLTrainer.learn`. Under ``--train.async_rollout`` the
+    rollout of k+1 is made while k learns, and the commit record of k holds it (:mod:`marti_ibrl.commit`)."""
+
+    k: int
+    scenarios: list[tuple[str, object]]
+    configuration: str  # Eq. 6
+    schedule: list[str]  # the roles due at k (§4.2)
+    opponents: dict  # the rollout log's "opponents" and "pairings"
+    versions: dict[str, int]  # each trained role's update count when seated: the version that generates
+    plays: list[Play] | None = None  # (engine handles: dropped once generated)
+    seconds: dict[str, float] = field(default_factory=dict)  # timing/sample, opponents, rollout
+    trajectories: list[Trajectory] | None = None
+    span: tuple[float, float] | None = None  # the generation's start and end (time.monotonic)
 
 
 class ScenarioSampler:
@@ -304,6 +327,10 @@ class IBRLTrainer:
         self.start_iteration = 1
         self.history: list[dict] = []
         self.rollout_log: list[dict] = []  # per iteration: configuration, opponents, scenario order
+        # --train.async_rollout: the next iteration's rollout (in flight, or made) and the thread that makes it
+        self.ahead: Future | Rollout | None = None
+        self.learn_span: tuple[float, float] | None = None  # the last learn's experiences and updates (overlap)
+        self.rollouts = ThreadPoolExecutor(1, thread_name_prefix="rollout") if cfg.train.async_rollout else None
         if commit is not None:
             self._resume(commit)
         self.logger = self._make_logger()
@@ -316,6 +343,11 @@ class IBRLTrainer:
         commit = open_run_dir(
             self.run_dir, resume=cfg.ckpt.load_enable, overwrite=cfg.ckpt.overwrite, seed=cfg.train.seed
         )  # before anything is written: a refused start leaves the directory as it was
+        if commit is not None and commit.ahead is not None and not cfg.train.async_rollout:
+            raise RunDirError(
+                f"--train.async_rollout: {self.run_dir} was trained with it and its commit holds the rollout of "
+                f"iteration {commit.ahead['iteration']}, made before the commit: resume with --train.async_rollout true"
+            )
         if commit is None and cfg.ckpt.load_enable:  # nothing committed: never load a half-written checkpoint
             print(f"--ckpt.load_enable: no {STATE_FILE} in {self.run_dir}, starting from iteration 1")
             cfg.ckpt.load_enable = False
@@ -441,7 +473,12 @@ class IBRLTrainer:
     # -- the iteration ------------------------------------------------------------------------------------------
 
     def iteration(self, k: int) -> dict[str, float]:
-        """IB-RL iteration k (Alg. 1, lines 3-13)."""
+        """IB-RL iteration k (Alg. 1, lines 3-13): its joint rollout, then what each role learns from it."""
+        return self.learn(k, self.generate(self.prepare(k)))
+
+    def prepare(self, k: int) -> Rollout:
+        """Alg. 1 lines 3-4: iteration k's scenarios q, Eq. 6's configuration, the roles due (§4.2) and who plays each
+        seat, as the pools and update counts stand now (the policies' versions: the data's staleness later)."""
         cfg, timer = self.cfg, Timer()
         with timer("sample"):  # scenarios q and the opponent configuration of Eq. 6
             scenarios = self.sampler.next_batch(cfg.rollout.batch_size)
@@ -449,8 +486,15 @@ class IBRLTrainer:
             schedule = roles_due(k, {r.name: r.update_every for r in cfg.roles if not r.frozen})  # u_i(k), §4.2
         with timer("opponents"):  # per Eq. 6 pairing, who plays each seat: current, pool snapshot, frozen counterpart
             plays, opponents = self.seat_policies(k, configuration, scenarios, due=schedule)
-        # shared trajectories; per-role rewards R_i(τ) scored as dialogues finish (colocated: the engines awake)
-        with timer("rollout"), self.hybrid.generation(k):
+        return Rollout(k, scenarios, configuration, schedule, opponents, dict(self.updates), plays, timer.seconds)
+
+    def generate(self, rollout: Rollout) -> Rollout:
+        """Alg. 1 line 5: the shared trajectories of ``rollout``'s plays, each role's rewards R_i(τ) scored as its
+        dialogues finish (colocated: the engines awake). Thread-safe with :meth:`learn` (``--train.async_rollout``
+        runs it beside the previous iteration's updates)."""
+        cfg, k, plays = self.cfg, rollout.k, rollout.plays
+        start = time.monotonic()
+        with self.hybrid.generation(k):
             loads = snapshot_loads(plays)  # colocated: pool snapshots its own engines serve, per pass
             trajectories = self.runner.run(
                 [p.scenario for p in plays],
@@ -462,9 +506,22 @@ class IBRLTrainer:
                 passes=[p.pass_ for p in plays],  # each pairing batched and seeded apart: one after the other ...
                 before_pass=(lambda n: self.hybrid.load_snapshots(k, loads.get(n, {}))) if loads else None,
             )  # ... when its snapshots are loaded into engines that serve current policies too
-            g = cfg.rollout.n_samples_per_prompt
-            for i, t in enumerate(trajectories):  # (request order: play by play, G samples each)
-                t.learners = plays[i // g].learners
+        g = cfg.rollout.n_samples_per_prompt
+        for i, t in enumerate(trajectories):  # (request order: play by play, G samples each)
+            t.learners = plays[i // g].learners
+        rollout.span = (start, time.monotonic())
+        rollout.seconds["timing/rollout"] = rollout.span[1] - start
+        rollout.trajectories, rollout.plays = trajectories, None  # (plays hold engine handles: not kept)
+        return rollout
+
+    def learn(self, k: int, rollout: Rollout, before_sync=None) -> dict[str, float]:
+        """Alg. 1 lines 6-13 on ``rollout``: memberships and rewards (Eq. 4), each due role's experiences and update
+        (Eq. 5), the weight syncs of the roles that moved (after ``before_sync()``: the engines' rollout in flight)
+        and their pool snapshots."""
+        cfg, timer = self.cfg, Timer()
+        timer.seconds.update(rollout.seconds)
+        trajectories, configuration, schedule = rollout.trajectories, rollout.configuration, rollout.schedule
+        start = time.monotonic()
         with timer("snapshot_wait"):  # the previous iteration's exports ran alongside the rollout
             self.finish_snapshots()
         scored = self.training_rewards(trajectories)  # Eq. 4 membership; R_i (or an ablation's reward)
@@ -474,9 +531,9 @@ class IBRLTrainer:
         with timer("experience"), ThreadPoolExecutor(max(1, len(learning))) as pool:  # per-role masks m_i, Eq. 4
             precomputed = self.ablation.joint_baseline  # advantages already made over every role (Table 3)
             samples = {r: role_samples(scored[r], r, cfg.rollout.max_len) for r in learning}
-            experiences = dict(
-                zip(learning, pool.map(lambda r: self.stacks[r].make_experiences(samples[r], precomputed), learning))
-            )
+            with self.hybrid.log.phases([(k, r, "actor", "experience") for r in learning]):  # π, π_ref log-probs
+                built = pool.map(lambda r: self.stacks[r].make_experiences(samples[r], precomputed), learning)
+                experiences = dict(zip(learning, built))
         with timer("update"):  # Eq. 5, each role's own optimizer; roles that are not due do not step
             # every sample once per epoch on one rank; zero-weight padding fills the ranks' micro-batches;
             # colocated: each role's DeepSpeed states reloaded for its update and offloaded after it
@@ -485,6 +542,10 @@ class IBRLTrainer:
             )
             count_skipped_updates(k, status, self.skipped_in_a_row, cfg.train.max_skipped_updates)
             updated = [r for r in status if stepped(status[r])]  # the roles whose weights moved
+        self.learn_span = (start, time.monotonic())
+        if updated and before_sync is not None:
+            with timer("async_wait"):  # the engines finish the rollout in flight on the weights it started with
+                before_sync()
         with timer("weight_sync"):  # only updated roles re-sync their engines (a LoRA role: its adapter only)
             results = self.hybrid.sync(k, updated, lambda r: self.stacks[r].sync_engines_async(self.updates[r] + 1))
             synced = {r: next((x for x in rs if x), None) for r, rs in results.items()}
@@ -496,8 +557,8 @@ class IBRLTrainer:
             {
                 "iteration": k,
                 "configuration": configuration,
-                **opponents,  # "opponents" (every policy in each role's seat) and "pairings"
-                "scenarios": [u for u, _ in scenarios],
+                **rollout.opponents,  # "opponents" (every policy in each role's seat) and "pairings"
+                "scenarios": [u for u, _ in rollout.scenarios],
             }
         )
         made = {r: len(scored[r]) for r in self.trained}
@@ -506,6 +567,42 @@ class IBRLTrainer:
             if info:
                 metrics[f"{r}/sync/bytes"], metrics[f"{r}/sync/seconds"] = float(info["bytes"]), info["seconds"]
         return metrics
+
+    # -- --train.async_rollout: the rollout of k+1 beside the updates of k ------------------------------------
+
+    def async_iteration(self, k: int) -> dict[str, float]:
+        """Iteration k under ``--train.async_rollout``: it learns from the rollout made while k-1 learned (made now
+        for the first iteration; after a resume, the one the commit record holds) while the rollout of k+1 runs on
+        the engines' weights: started before k's updates (``max_staleness`` 1; k's weight syncs wait for it) or
+        after k's syncs (0: on-policy, the synchronous run exactly). ``ROLE/async/staleness``: how many of its own
+        updates the role's policy had taken since the one that generated k's data; ``async/overlap_seconds``: how
+        much of that generation ran while k-1 learned."""
+        cfg, wait = self.cfg, Timer()
+        with wait("rollout_wait"):
+            rollout = self.finish_ahead() or self.generate(self.prepare(k))
+        self.ahead = None
+        stale = {r: self.updates[r] - rollout.versions.get(r, self.updates[r]) for r in self.trained}
+        if max(stale.values(), default=0) > cfg.train.max_staleness:  # (by construction never: one in flight)
+            raise RuntimeError(f"iteration {k}: samples {stale} updates old, over --train.max_staleness")
+        overlap = 0.0
+        if self.learn_span is not None and rollout.span is not None:
+            overlap = max(0.0, min(rollout.span[1], self.learn_span[1]) - max(rollout.span[0], self.learn_span[0]))
+        ahead = k < cfg.train.iterations
+        if ahead and cfg.train.max_staleness >= 1:
+            self.ahead = self.rollouts.submit(self.generate, self.prepare(k + 1))
+        metrics = self.learn(k, rollout, before_sync=self.finish_ahead)
+        if ahead and cfg.train.max_staleness == 0:
+            self.ahead = self.rollouts.submit(self.generate, self.prepare(k + 1))
+        metrics.update(wait.seconds)
+        metrics["async/overlap_seconds"] = overlap
+        metrics.update({f"{r}/async/staleness": float(s) for r, s in stale.items()})
+        return metrics
+
+    def finish_ahead(self) -> Rollout | None:
+        """The rollout of the next iteration, once its engines are done with it (None when none was started)."""
+        if isinstance(self.ahead, Future):
+            self.ahead = self.ahead.result()
+        return self.ahead
 
     def sample_configuration(self, k: int) -> str:
         """Eq. 6: ``both``, or the name of the role whose current policy faces the others' history."""
@@ -637,7 +734,9 @@ class IBRLTrainer:
                 self.check_sync(k - 1)  # (--train.check_sync) the start-up broadcast
                 bar = tqdm(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
                 for k in bar:
-                    metrics = self.iteration(k)
+                    start = time.perf_counter()
+                    metrics = self.async_iteration(k) if cfg.train.async_rollout else self.iteration(k)
+                    metrics["timing/iteration"] = time.perf_counter() - start  # wall time, whatever overlapped
                     self.check_sync(k)
                     self.history.append(metrics)
                     self.logger.log_train(k, metrics)
@@ -658,6 +757,8 @@ class IBRLTrainer:
             raise self._node_lost(watch.lost, k) from None
         finally:
             watch.stop()
+            if self.rollouts is not None:  # a rollout in flight when the run stopped is dropped, not waited for
+                self.rollouts.shutdown(wait=False, cancel_futures=True)
         self.logger.close()
         self.rewards.close()
         return self.history
@@ -719,15 +820,19 @@ class IBRLTrainer:
         if final:
             refs += [ref for s in self.stacks.values() for ref in s.save_hf_async()]
         ray.get(refs)
+        ahead = self.finish_ahead()  # --train.async_rollout: k+1's rollout, made by weights gone after k's syncs
+        entry = write_rollout(self.run_dir, ahead) if ahead is not None else None
         Commit(
             iteration=k,
             seed=self.cfg.train.seed,
             updates=self.updates,
-            sampler=self.sampler.state_dict(),
+            sampler=self.sampler.state_dict(),  # (k+1's scenarios drawn already when a rollout is ahead)
             pools={r: pool.manifest() for r, pool in self.pools.items()},
             history=self.history,
             rollout_log=self.rollout_log,
+            ahead=entry,
         ).write(self.run_dir)  # atomic: a half-written record is never picked up
+        drop_rollouts(self.run_dir, keep=entry and entry["file"])
         for r, pool in self.pools.items():
             self.committed_pool_files[r] = {m.file for m in pool.members}
             pool.gc(set())
@@ -744,6 +849,8 @@ class IBRLTrainer:
         self.sampler.load_state_dict(commit.sampler)
         self.history = commit.history
         self.rollout_log = commit.rollout_log
+        if commit.ahead is not None:  # --train.async_rollout: made while the committed iteration learnt
+            self.ahead = read_rollout(self.run_dir, commit.ahead)
         for r, pool in self.pools.items():
             pool.load_manifest(commit.pools[r])
             pool.write_manifest()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ray_watchdog import pytest_timeout_cancel_timer, pytest_timeout_set_timer  # noqa: F401 (hooks)
+from same_iterations import same_iterations  # noqa: F401 (fixture)
 from slurm_cluster import SLURM_REASON, LocalSlurm
 from tiers import assign_tiers, pytest_runtest_makereport, pytest_runtest_protocol  # noqa: F401 (hooks)
 
@@ -24,10 +25,13 @@ def local_slurm(tmp_path_factory):
 SLURM_UNIT = "local_slurm"
 
 
+SESSION_UNITS = ("local_slurm", "same_iterations")  # session fixtures: every test that uses one is in its unit
+
+
 def _unit(item) -> str:
     """One test module is one unit of work, so a module fixture's training run starts once; every test that uses
-    the session's Slurm is in one unit (one Slurm per session)."""
-    return SLURM_UNIT if "local_slurm" in item.fixturenames else item.module.__name__
+    a session fixture of :data:`SESSION_UNITS` is in that fixture's unit (one Slurm, one set of runs per session)."""
+    return next((name for name in SESSION_UNITS if name in item.fixturenames), item.module.__name__)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

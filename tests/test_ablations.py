@@ -189,7 +189,7 @@ def test_joint_norm_advantages_pass_through_the_role_experience_maker() -> None:
     from openrlhf.trainer.ppo_utils.experience import Experience
     from test_advantages import _maker
 
-    from marti_ibrl.backend.openrlhf_glue import IsolatedExperienceMaker
+    from marti_ibrl.backend.actors import IsolatedExperienceMaker
 
     samples = [("agent1", "q", 1.0), ("agent1", "q", 3.0), ("agent2", "q", 10.0), ("agent2", "q", 14.0)]
     joint = joint_normalized_advantages(samples)

@@ -37,19 +37,21 @@ offload_deepspeed_states(slept)
 reload_deepspeed_states(slept)
 losses["plain"] += [step(plain, x), step(plain, x)]
 losses["slept"] += [step(slept, x), step(slept, x)]
-print(json.dumps({"optimizer": type(slept.optimizer.optimizer).__name__, **losses}))
+print(json.dumps({"optimizer": type(slept.optimizer.optimizer).__name__, **losses}), flush=True)
 """
 
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_offload_and_reload_round_trip_on_cpu(stage, tmp_path):
+    from child_env import END_OF_SCRIPT, child_env
+
     from marti_ibrl.procenv import listen_port
 
     script = tmp_path / "offload.py"
-    script.write_text(SCRIPT)
-    run = subprocess.run(
-        [sys.executable, str(script), str(stage), str(listen_port())], capture_output=True, text=True, timeout=600
-    )
+    script.write_text(SCRIPT + END_OF_SCRIPT)
+    # child_env: the venv's DeepSpeed ops (make ds-ops), not a JIT build into ~/.cache (2+ CPU-minutes in CI)
+    cmd = [sys.executable, str(script), str(stage), str(listen_port())]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=child_env())
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["optimizer"] == "FusedAdam"  # OpenRLHF's offload asserts it: DeepSpeed's CPU accelerator provides it

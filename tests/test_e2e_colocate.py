@@ -1,11 +1,13 @@
 """End to end, issue 37: the colocated layouts (``--train.colocate role`` and ``all``) run the same iterations as the
 separate layout (``none``) and record their phases in the order the hybrid engine promises.
 
-Three 4-iteration runs of the tiny two-role DoND (Ray + DeepSpeed + HF engines on CPU, KL reference on, role2 at
-half frequency so it is not due at k=1 and 3, opponent pools on with every iteration agent2's current policy facing
-agent1's history, which first exists at k=4), one per layout, same seed. The separate layout serves agent1's
+Three 4-iteration runs of the tiny two-role DoND (``tests/same_iterations.py``: Ray + DeepSpeed + HF engines on CPU,
+KL reference on, role2 at half frequency so it is not due at k=1 and 3, opponent pools on with every iteration
+agent2's current policy facing agent1's history, which first exists at k=4), one per layout, same seed. The separate layout serves agent1's
 snapshot from its pool engine; the colocated ones from agent1's own engine, loaded for that pairing and restored
-after it. On CPU nothing is freed by sleeping (see
+after it. The `role` run stops after k=3 and is resumed (``--ckpt.load_enable``) for k=4, so exact resume of a
+colocated run is part of the equality: its k=4 serves a snapshot committed by the first session. On CPU nothing is
+freed by sleeping (see
 marti_ibrl/colocate.py): what is tested is that the calls are made in OpenRLHF's order, that a role not due neither
 reloads nor syncs, and that placement and the calls change nothing: the same dialogues (token for token), the same
 metrics and the same weights, bit for bit.
@@ -13,13 +15,9 @@ metrics and the same weights, bit for bit.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from rollouts import record_rollouts
-from test_e2e_ibrl import tiny_flags
 
-from marti_ibrl.phases import read_phases, violations
+from marti_ibrl.phases import violations
 
 pytestmark = pytest.mark.slow
 
@@ -31,43 +29,9 @@ def _timing(key: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    import ray
-
-    from marti_ibrl.config import load_config
-    from marti_ibrl.tiny import build_tiny_dond_model
-    from marti_ibrl.trainer import IBRLTrainer
-
-    tmp = tmp_path_factory.mktemp("colocate")
-    model = build_tiny_dond_model(tmp / "tiny")
-    out = {}
-    for layout in LAYOUTS:
-        run_dir = tmp / layout
-        flags = [*tiny_flags(model, run_dir, 4), "--role2.update_every", "2", "--train.colocate", layout]
-        flags += ["--role1.kl_coef", "0.01", "--role2.kl_coef", "0.01", "--pool.probs", "[0.0,0.0,1.0]"]
-        trainer = IBRLTrainer(load_config(flags))
-        played = record_rollouts(trainer)
-        slots = ray.cluster_resources()["GPU"]
-        try:
-            history = trainer.fit()
-            digests = {r: (s.weights_digest(), s.engine_digests()) for r, s in trainer.stacks.items()}
-        finally:
-            ray.shutdown()
-        dialogues = [
-            [(t.role, tuple(t.token_ids), tuple(t.logprobs)) for t in traj.turns]
-            + [sorted(traj.rewards.items()), sorted(traj.policies.items())]
-            for traj in played
-        ]
-        topology = json.loads((run_dir / "topology.json").read_text())
-        out[layout] = {
-            "history": history,
-            "digests": digests,
-            "dialogues": dialogues,
-            "phases": read_phases(run_dir),
-            "slots": slots,
-            "topology": topology,
-        }
-    return out
+def runs(same_iterations):
+    """tests/same_iterations.py: the runs, made once for this module and tests/test_e2e_async.py."""
+    return same_iterations
 
 
 def test_colocated_runs_equal_the_separate_layout(runs):
@@ -118,7 +82,10 @@ def test_phases_follow_the_hybrid_engine_order(runs, layout):
     both = ("agent1", "agent2")
     start = [(r, "engines", "sleep") for r in both] + [(r, "actor", "offload") for r in both]
     start += [(r, "engines", "wake") for r in both] + [(r, c, "sync") for r in both for c in ("actor", "engines")]
-    assert _events(records, 0) == start  # OpenRLHF's own first sleep and offload, then the start-up sync
+    sessions = sorted({r["session"] for r in records})
+    assert len(sessions) == (2 if layout == "role" else 1)  # `role` resumed at k=4
+    for session in sessions:  # OpenRLHF's own first sleep and offload, then the start-up sync (resumed: again)
+        assert _events([r for r in records if r["session"] == session], 0) == start, session
     wake_kv = [r["tags"] for r in records if r["iteration"] == 1 and r["event"] == "wake"]
     assert wake_kv == [["kv_cache"], ["kv_cache"], ["weights"]]  # the start-up sync woke their weights; agent1's sync
     # k=1: agent2 is not due: it neither reloads, trains nor syncs; agent1 does, and its engines wake weights only
@@ -126,6 +93,7 @@ def test_phases_follow_the_hybrid_engine_order(runs, layout):
         *[(r, "engines", "wake") for r in both],
         *[(r, "engines", "generate") for r in both],
         *[(r, "engines", "sleep") for r in both],
+        ("agent1", "actor", "experience"),
         ("agent1", "actor", "reload"),
         ("agent1", "actor", "train"),
         ("agent1", "actor", "offload"),
@@ -135,7 +103,7 @@ def test_phases_follow_the_hybrid_engine_order(runs, layout):
     ]
     # k=2: both due; on CPU the plan has nothing to free, so both update at once
     k2 = _events(records, 2)
-    assert k2[6:12] == [(r, "actor", e) for e in ("reload", "train", "offload") for r in both]
+    assert k2[6:14] == [(r, "actor", e) for e in ("experience", "reload", "train", "offload") for r in both]
     assert [r["tags"] for r in records if r["iteration"] == 2 and r["event"] == "wake"] == [
         ["kv_cache"],
         ["weights", "kv_cache"],  # agent2's engines slept with their weights since k=1's rollout
@@ -160,5 +128,5 @@ def test_phases_follow_the_hybrid_engine_order(runs, layout):
 
 def test_the_separate_layout_records_work_without_sleep(runs):
     records = runs["none"]["phases"]
-    assert {r["event"] for r in records} == {"generate", "train", "sync"}
+    assert {r["event"] for r in records} == {"generate", "experience", "train", "sync"}
     assert violations(records, DUE, colocated=False) == []

@@ -22,7 +22,7 @@ from people_calls import write_calls
 
 from marti_ibrl.cli import main
 from marti_ibrl.envs.dond.game import utility
-from marti_ibrl.eval.dond_metrics import first_best
+from marti_ibrl.eval.dond.metrics import first_best
 from marti_ibrl.people.annotate import load_calls
 from marti_ibrl.people.app import create_app
 from marti_ibrl.people.store import Store
@@ -136,7 +136,7 @@ def transcript(page) -> list[str]:
 
 
 def test_dond_deal_walk_away_and_bad_input(browser, tmp_path, shots, capsys) -> None:
-    from marti_ibrl.people.command import build_game
+    from marti_ibrl.commands.people import build_game
 
     store = Store(tmp_path / "people.sqlite")
     server = serve(store, game=build_game(play_args()))
@@ -240,7 +240,7 @@ def test_unknown_token_is_refused_on_the_page(browser, tmp_path, shots) -> None:
 
 
 def test_telesales_call_to_consent(browser, tmp_path, shots) -> None:
-    from marti_ibrl.people.command import build_game
+    from marti_ibrl.commands.people import build_game
 
     store = Store(tmp_path / "people.sqlite")
     game = build_game(play_args(policy=TINY_SFT, env="telesales", name="tiny-sales", num_scenarios=2))

@@ -1,6 +1,9 @@
 """Exact resume: interrupted runs, resumed, equal a run that never stopped.
 
-The straight run trains 4 iterations. The interrupted run is interrupted the hardest way this machine allows:
+Every run here is asynchronous (``--train.async_rollout``, staleness 1: the rollout of k+1 runs while k updates, and
+the commit of k holds it), the hardest case for resume: an interruption almost always lands during an overlap, and
+the rollout ahead was made by weights that no longer exist. (Synchronous resume: tests/test_e2e_colocate.py's
+``role`` run, tests/test_e2e_lora.py.) The straight run trains 4 iterations. The interrupted run is interrupted the hardest way this machine allows:
 
 * **On the local Slurm** (CI; ``tests/slurm_cluster.py``): ``recipes/dond/tiny-cluster-cpu.sh`` is submitted with
   ``sbatch``. After its first commit the batch shell gets SIGTERM (preemption: the recipe requeues the job, and the
@@ -59,6 +62,7 @@ def _flags() -> list[str]:
         *("--pool.probs", "[0.4,0.3,0.3]", "--pool.size", "2", "--train.iterations", str(ITERATIONS)),
         *("--ckpt.save_steps", "1", "--ckpt.save_hf", "true", "--train.check_sync", "true"),
         *("--train.seed", "9"),  # draws agent1, agent1, agent2, agent2: iteration 4 plays two Eq. 6 pairings
+        *("--train.async_rollout", "true"),
     ]
 
 
@@ -150,7 +154,8 @@ def runs(tmp_path_factory, local_slurm):
         faults = _killed_locally(model, tmp, resumed)
     else:
         faults = _preempted_and_lost_on_slurm(local_slurm, model, resumed)
-    killed_log = json.loads((resumed / "trainer_state.json").read_text())["rollout_log"]
+    killed = json.loads((resumed / "trainer_state.json").read_text())
+    killed_log, killed_ahead = killed["rollout_log"], killed["ahead"]
     faked = _fake_half_written_checkpoint(resumed)
     if local_slurm is None:
         _finish(_start(model, resumed, tmp / "resume.log", "--ckpt.load_enable", "true"), tmp / "resume.log")
@@ -164,6 +169,7 @@ def runs(tmp_path_factory, local_slurm):
         straight=straight,
         resumed=resumed,
         killed_log=killed_log,
+        killed_ahead=killed_ahead,
         faked=faked,
         log=log,
         slurm=local_slurm,
@@ -181,6 +187,11 @@ def test_resumed_run_replays_the_same_iterations(runs):
     assert [e["iteration"] for e in b["rollout_log"]] == [1, 2, 3, 4]
     assert 2 <= len(runs.killed_log) < ITERATIONS  # interrupted after iteration 2 or 3 was committed
     assert b["rollout_log"][: len(runs.killed_log)] == runs.killed_log
+    # the interrupted commit held the next iteration's rollout, made before it; the finished runs hold none
+    assert runs.killed_ahead["iteration"] == len(runs.killed_log) + 1
+    assert runs.killed_ahead["file"] == f"rollouts/k{len(runs.killed_log) + 1}.pkl"
+    assert a["ahead"] is b["ahead"] is None and not list((runs.resumed / "rollouts").iterdir())
+    assert [m["agent1/async/staleness"] for m in b["history"]] == [0.0, 1.0, 1.0, 1.0]
     # same opponent configurations (Eq. 6 draws), opponents and scenario order in every iteration
     assert a["rollout_log"] == b["rollout_log"]
     # iteration 3: agent2 is not due (update_every 2), so its pairing against agent1's history is not played, only

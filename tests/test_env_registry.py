@@ -113,6 +113,27 @@ def test_cli_subcommands_come_from_the_specs() -> None:
     assert set(added.choices) == {"telesales", "sft"}
 
 
+def test_play_offers_the_envs_whose_spec_has_a_play_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``marti-ibrl play --env`` reads the registry: DoND and TeleSales have games, dond3 has none; a spec registered
+    with a ``play`` hook is offered and its game is the one ``play`` builds."""
+    from types import SimpleNamespace
+
+    from marti_ibrl.commands.people import build_game, playable_envs
+
+    assert playable_envs() == ["dond", "telesales"]
+    built = []
+    spec = EnvSpec(name="haggle", roles=("a", "b"), factory=lambda cfg, seed: (None, []),
+                   play=lambda args, seat, name: built.append((seat(), name)) or "the game")  # fmt: skip
+    monkeypatch.setattr(registry, "_SPECS", {**registry._SPECS})  # registered for this test only
+    monkeypatch.setattr("marti_ibrl.people.seat.make_seat", lambda policy, sampling, seed: f"seat of {policy}")
+    registry.register(spec)
+    assert playable_envs() == ["dond", "telesales", "haggle"]
+    args = SimpleNamespace(env="haggle", policy="bot:greedy", name=None, num_scenarios=3, temperature=1.0, top_p=1.0,
+                           max_new_tokens=8, seed=0)  # fmt: skip
+    assert build_game(args) == "the game"
+    assert built == [("seat of bot:greedy", "greedy")]
+
+
 def test_diagnose_refuses_envs_without_interchangeable_roles(tmp_path: Path) -> None:
     from marti_ibrl.config import to_yaml
     from marti_ibrl.eval.diagnose import diagnosable, diagnose

@@ -73,9 +73,9 @@ class TinyChatServer:
 def test_eval_cli_end_to_end(tmp_path, monkeypatch, capsys):
     import ray
 
-    from marti_ibrl.backend.openrlhf_glue import FrozenEngines
+    from marti_ibrl.backend.stack import FrozenEngines
     from marti_ibrl.envs.dond import DondEnv, generate_scenarios
-    from marti_ibrl.eval.evaluator import episode_id
+    from marti_ibrl.eval.dond.evaluator import episode_id
     from marti_ibrl.tiny import build_tiny_dond_model
 
     model = build_tiny_dond_model(tmp_path / "tiny")
@@ -183,12 +183,12 @@ def test_eval_cli_end_to_end(tmp_path, monkeypatch, capsys):
     ],
 )
 def test_eval_cli_errors(tmp_path, capsys, monkeypatch, extra, message):
-    from marti_ibrl.eval import command
+    from marti_ibrl.eval import engines
 
     def no_engines(*args):
         raise AssertionError("the error must be caught before any engine or Ray starts")
 
-    monkeypatch.setattr(command, "engine_factory", no_engines)
+    monkeypatch.setattr(engines, "engine_factory", no_engines)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     out = tmp_path / "out"
@@ -238,12 +238,12 @@ def model_dir(tmp_path) -> Path:
     ],
 )
 def test_eval_cli_one_line_errors(tmp_path, capsys, monkeypatch, model_dir, extra, message):
-    from marti_ibrl.eval import command
+    from marti_ibrl.eval import engines
 
     def no_engines(*args):
         raise AssertionError("the error must be caught before any engine or Ray starts")
 
-    monkeypatch.setattr(command, "engine_factory", no_engines)
+    monkeypatch.setattr(engines, "engine_factory", no_engines)
     monkeypatch.delenv("H36_UNSET_KEY", raising=False)
     (tmp_path / "empty").mkdir()
     (tmp_path / "afile").write_text("mine\n")
@@ -267,7 +267,7 @@ class Played(Exception):
 
 
 def test_eval_out_of_another_evaluation_refused_same_one_resumes(tmp_path, capsys, monkeypatch, model_dir):
-    from marti_ibrl.eval import command
+    from marti_ibrl.eval.dond import command
 
     def play(ev, pairs, episodes, samples=1):
         raise Played(sorted(p.name for p in episodes.glob("*.jsonl")) if episodes.is_dir() else [])
@@ -285,6 +285,13 @@ def test_eval_out_of_another_evaluation_refused_same_one_resumes(tmp_path, capsy
     for more in ([], ["-n", "8", "--samples", "2"], ["--counterpart", "tft=heldout:tit_for_tat"]):
         with pytest.raises(Played, match="p__hl.jsonl"):
             main(base + more)
+    # a record from before --max-resamples existed: its episodes were played with 2, so it resumes; 1 is another one
+    record = json.loads((out / command.SETTINGS).read_text())
+    assert record["settings"].pop("max_resamples") == 2
+    (out / command.SETTINGS).write_text(json.dumps(record))
+    with pytest.raises(Played, match="p__hl.jsonl"):
+        main(base)
+    assert main(base + ["--max-resamples", "1"]) == 2 and "max_resamples 2 -> 1" in capsys.readouterr().err
     # another evaluation's episodes: refused in one line that names what differs and the way on
     other = tmp_path / "other"
     other.mkdir()
@@ -308,3 +315,98 @@ def test_eval_out_of_another_evaluation_refused_same_one_resumes(tmp_path, capsy
     assert main(base) == 2 and "temperature 0.7 -> 1.0" in capsys.readouterr().err
     (out / command.SETTINGS).write_text("[]")  # a record edited by hand: one line, nothing deleted
     assert main(base) == 2 and "eval_settings.json is not readable" in capsys.readouterr().err
+
+
+def _run_dir(tmp_path: Path, env: str = "dond") -> Path:
+    """A training run's config.yaml as the demo's recipe writes it (compact prompt, markers, 5 rounds, short turns)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(
+        f"env:\n  name: {env}\n  prompt_style: compact\n  bot_speech: markers\n  show_complement: true\n"
+        "  max_rounds: 5\n  max_resamples: 1\nrollout:\n  temperature: 1.0\n  top_p: 1.0\n  max_new_tokens: 24\n  max_len: 512\n"
+    )
+    return run
+
+
+def _eval_args(*flags: str):
+    from marti_ibrl.cli import build_parser
+
+    return build_parser().parse_args(["eval", "--policy", "p=x", "--self-play", "--out", "o", *flags])
+
+
+def test_run_supplies_the_protocol_the_policy_learned_and_flags_override_it(tmp_path):
+    from marti_ibrl.eval.dond.command import apply_run_settings
+
+    run = _run_dir(tmp_path)
+    args = _eval_args("--run", str(run), "--max-rounds", "3", "--max-len", "512")
+    line = apply_run_settings(args)
+    assert (args.prompt_style, args.bot_speech, args.show_complement) == ("compact", "markers", True)
+    assert (args.max_rounds, args.max_new_tokens, args.max_len, args.temperature) == (3, 24, 512, 1.0)
+    assert args.max_resamples == 1  # the run's, not eval's own default of 2
+    assert line.startswith(f"[eval] from {run / 'config.yaml'}: --prompt-style compact, --bot-speech markers, ")
+    assert "--max-len" not in line.split(";")[0]  # given, and equal to the run's: neither taken nor overridden
+    assert line.endswith("; overridden by flags: --max-rounds 3 (trained: 5)")
+
+
+def test_without_run_the_flags_keep_their_defaults(tmp_path):
+    from marti_ibrl.eval.dond.command import RUN_SETTINGS, apply_run_settings
+
+    args = _eval_args("--temperature", "0.5")
+    assert apply_run_settings(args) is None
+    assert {d: getattr(args, d) for d in RUN_SETTINGS} == {  # training's defaults: the paper's protocol
+        "prompt_style": "paper",
+        "bot_speech": "natural",
+        "show_complement": False,
+        "max_rounds": 10,
+        "max_resamples": 2,
+        "temperature": 0.5,
+        "top_p": 1.0,
+        "max_new_tokens": 48,
+        "max_len": 2048,
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "telesales", "damaged"])
+def test_a_run_that_cannot_supply_settings_is_one_line(tmp_path, capsys, case):
+    run = tmp_path / "nowhere"
+    if case != "missing":
+        run = _run_dir(tmp_path, "telesales")
+        if case == "damaged":
+            (run / "config.yaml").write_text("env: [unclosed\n")
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    code = main(["eval", "--run", str(run), "--policy", f"p={policy}", "--self-play", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"marti-ibrl eval: error: --run {run}: ")
+    assert {"missing": "no config.yaml there", "telesales": "a telesales run", "damaged": "cannot read"}[case] in err
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
+def test_eval_dispatches_on_the_registry_spec_of_the_env(tmp_path, capsys, monkeypatch):
+    """``--env`` (or ``--run``'s env) picks the registry spec whose ``evaluate`` hook runs the evaluation; an env
+    without one is one line naming those that have one."""
+    from marti_ibrl.commands.eval import evaluable_envs
+    from marti_ibrl.envs import registry
+    from marti_ibrl.envs.spec import EnvSpec
+
+    assert evaluable_envs() == ["dond"]
+    code = main(["eval", "--env", "dond3", "--policy", "p=x", "--self-play", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == "marti-ibrl eval: error: --env dond3; marti-ibrl eval evaluates dond", err
+    code = main(["eval", "--env", "telesales", "--policy", "p=x", "--self-play", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.endswith("evaluates dond (telesales's own commands: marti-ibrl telesales --help)"), err
+    code = main(["eval", "--env", "no_such_module:Env", "--policy", "p=x", "--self-play", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == "marti-ibrl eval: error: --env no_such_module:Env: No module named 'no_such_module'", (
+        err
+    )
+    seen = []
+    monkeypatch.setattr(registry, "_SPECS", {**registry._SPECS})  # registered for this test only
+    registry.register(EnvSpec(name="haggle", roles=("a", "b"), factory=lambda cfg, seed: (None, []),
+                              evaluate=lambda args: seen.append((args.env, args.policy)) or 0))  # fmt: skip
+    assert evaluable_envs() == ["dond", "haggle"]
+    run = _run_dir(tmp_path, "haggle")
+    assert main(["eval", "--run", str(run), "--policy", "p=x", "--self-play", "--out", str(tmp_path / "o")]) == 0
+    assert seen == [("haggle", ["p=x"])]

@@ -9,7 +9,7 @@ import pytest
 
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios, make_bot, play_dialogue, utility
 from marti_ibrl.envs.dond.three_party import generate_three_party_scenarios
-from marti_ibrl.eval.dond_metrics import (
+from marti_ibrl.eval.dond.metrics import (
     episode_metrics,
     first_best,
     max_own_utility,

@@ -11,8 +11,9 @@ import pytest
 from test_players import FakeServer, ok  # the real local HTTP server of the player tests
 
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios, make_bot
-from marti_ibrl.eval.dond_metrics import summarize, summarize_seat_averaged
-from marti_ibrl.eval.evaluator import SELF, Evaluator, Named, episode_id, parse_named, read_episodes
+from marti_ibrl.eval.dond.evaluator import Evaluator, episode_id
+from marti_ibrl.eval.dond.metrics import summarize, summarize_seat_averaged
+from marti_ibrl.eval.episodes import SELF, Named, parse_named, read_episodes
 from marti_ibrl.rollout import players
 from marti_ibrl.rollout.runner import Policy
 
@@ -233,7 +234,7 @@ def test_mirror_pair_equals_playing_the_reverse(env, tmp_path):
 
 
 def test_play_cross_play_once_per_unordered_pair(env, tmp_path):
-    from marti_ibrl.eval.command import play
+    from marti_ibrl.eval.dond.command import play
 
     policies = [GREEDY, Named("fair", "bot:fair"), Named("hl", "heldout:hardliner")]
     pairs = []
@@ -489,7 +490,8 @@ KILLED = """
 import os, signal, sys
 from pathlib import Path
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
-from marti_ibrl.eval.evaluator import Evaluator, Named
+from marti_ibrl.eval.dond.evaluator import Evaluator
+from marti_ibrl.eval.episodes import Named
 from marti_ibrl.rollout import players
 from marti_ibrl.rollout.runner import Policy
 

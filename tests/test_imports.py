@@ -24,3 +24,12 @@ def test_all_modules_import_without_vllm_and_flash_attn():
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert int(out.stdout.strip().splitlines()[-1]) >= 20  # every marti_ibrl module was imported
+
+
+def test_the_device_has_one_home():
+    """Only marti_ibrl/device.py asks torch which device there is; every command and the engines take its answer."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "marti_ibrl"
+    probing = [str(p.relative_to(root)) for p in root.rglob("*.py") if "cuda.is_available" in p.read_text()]
+    assert probing == ["device.py"]

@@ -19,7 +19,7 @@ def test_bytes_follow_layers_kv_heads_length_and_sequences(tmp_path):
 
 
 def test_a_training_engine_holds_its_share_of_the_iterations_dialogues(tmp_path):
-    from marti_ibrl.backend.openrlhf_glue import training_kv_sequences
+    from marti_ibrl.backend.args import training_kv_sequences
     from marti_ibrl.config import load_config
 
     ckpt = tmp_path / "ckpt"

@@ -41,7 +41,7 @@ def _cfg(tiny: str, *flags: str):
 
 
 def test_flags_reach_openrlhf(tiny):
-    from marti_ibrl.backend.openrlhf_glue import role_args
+    from marti_ibrl.backend.args import role_args
 
     cfg = _cfg(tiny, "--role1.lora_rank", "8", "--role1.lora_alpha", "32", "--role1.lora_dropout", "0.1")
     cfg2 = _cfg(tiny, "--role2.lora_rank", "4", "--role2.target_modules", "[q_proj,v_proj]")
@@ -104,7 +104,7 @@ def test_placement_lora_roles_have_no_reference_and_no_pool_engines(tiny):
 
 
 def test_shared_engines_serve_every_roles_adapters(tiny):
-    from marti_ibrl.backend.openrlhf_glue import engine_lora
+    from marti_ibrl.backend.args import engine_lora
 
     own = _cfg(tiny, "--role1.lora_rank", "8", "--role2.lora_rank", "16", "--pool.size", "3")
     shared = _cfg(tiny, "--role1.lora_rank", "8", "--role2.lora_rank", "16", "--pool.size", "3")
@@ -180,8 +180,8 @@ def test_servable_checkpoint_merges_an_adapter_once(tiny, tmp_path, monkeypatch)
     from transformers import AutoModelForCausalLM
 
     import marti_ibrl.lora as lora
-    from marti_ibrl.eval.command import merge_adapters
-    from marti_ibrl.eval.evaluator import Named
+    from marti_ibrl.eval.dond.command import merge_adapters
+    from marti_ibrl.eval.episodes import Named
 
     assert lora.servable_checkpoint(tiny, tmp_path / "cache") == tiny and not (tmp_path / "cache").exists()
     peft = _peft(tiny, seed=5)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -45,7 +44,7 @@ def engine(tmp_path_factory):
     import ray
     from peft import get_peft_model_state_dict
 
-    from marti_ibrl.backend.openrlhf_glue import start_ray
+    from marti_ibrl.backend.cluster import start_ray
     from marti_ibrl.lora import AdapterRef, write_adapter
     from marti_ibrl.rollout.engines import create_engines
     from marti_ibrl.sft import SMALL_TINY_MODEL, VLLM_TINY_HEADS
@@ -59,9 +58,8 @@ def engine(tmp_path_factory):
         write_adapter(tmp / f"a{i}", get_peft_model_state_dict(peft), peft.peft_config["default"], model)
         adapters.append(AdapterRef(f"agent1/pool/v{i + 1}", 100 + i, str(tmp / f"a{i}")).as_dict())
     start_ray(1, "cpu", log_to_driver=False)
-    args = SimpleNamespace(vllm=SimpleNamespace(gpu_memory_utilization=0.5))
     lora = {"max_loras": 3, "max_lora_rank": 8, "max_cpu_loras": 4}
-    (e,) = create_engines(args, model, 0, True, 1, 1, 256, dtype="fp32", lora=lora)
+    (e,) = create_engines(model, 0, True, 1, 1, 256, dtype="fp32", device="cpu", lora=lora)
     yield e, model, adapters
     ray.shutdown()
 

@@ -44,7 +44,7 @@ def test_every_arm_is_a_valid_train_command(bench, tmp_path):
 
 def test_eval_commands_plan_the_right_pairs(bench, tmp_path):
     from marti_ibrl.cli import build_parser
-    from marti_ibrl.eval.command import plan
+    from marti_ibrl.eval.dond.command import plan
 
     sft = tmp_path / "sft"
     sft.mkdir()

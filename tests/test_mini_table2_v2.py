@@ -60,7 +60,7 @@ def _rates(bench, scripted: float, surface: float, learned: float, v1: float = 0
 
 def test_eval_command_plays_every_preregistered_counterpart(bench, tmp_path):
     from marti_ibrl.cli import build_parser
-    from marti_ibrl.eval.command import plan
+    from marti_ibrl.eval.dond.command import plan
 
     sft = tmp_path / "sft"
     sft.mkdir()

@@ -68,7 +68,7 @@ class _Strategy:
 
 def _actor(tmp_path: Path, poison: float | None):
     """A role's policy actor (the class Ray runs) around a small module, one weight set to ``poison``."""
-    from marti_ibrl.backend.openrlhf_glue import RolePolicyActorBase
+    from marti_ibrl.backend.actors import RolePolicyActorBase
 
     module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     if poison is not None:
@@ -83,7 +83,7 @@ def _actor(tmp_path: Path, poison: float | None):
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")])
 def test_nothing_is_written_from_non_finite_weights(tmp_path: Path, one_rank, poison: float) -> None:
-    from marti_ibrl.backend.openrlhf_glue import NonFiniteError
+    from marti_ibrl.backend.finite import NonFiniteError
 
     actor = _actor(tmp_path, poison)
     with pytest.raises(NonFiniteError, match=r"not written: 1 parameter tensors hold NaN/inf \(e\.g\. 1\.weight\)$"):
@@ -114,7 +114,7 @@ import json, os, sys
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
 import torch, deepspeed
 from openrlhf.utils.deepspeed import DeepspeedStrategy
-from marti_ibrl.backend.openrlhf_glue import FiniteStepStrategy
+from marti_ibrl.backend.finite import FiniteStepStrategy
 
 deepspeed.init_distributed("gloo")
 out = {}
@@ -160,10 +160,11 @@ def test_deepspeed_skips_non_finite_steps_on_every_stage_and_dtype(tmp_path: Pat
     every stage and dtype; without the guard (OpenRLHF's own strategy) it takes a step whose loss is NaN while its
     gradients are finite. (The guard's first version switched DeepSpeed's own bf16 ZeRO-2 check off and so trained
     into NaN on 0.19.8: caught by this test in CI.)"""
+    from child_env import END_OF_SCRIPT, child_env
+
     script = tmp_path / "steps.py"
-    script.write_text(_STEPS)
+    script.write_text(_STEPS + END_OF_SCRIPT)
     names = ["2/fp32/guarded", "3/fp32/guarded", "2/bf16/guarded", "3/bf16/guarded", "2/bf16/plain"]
-    from child_env import child_env
 
     from marti_ibrl.procenv import listen_port
 
@@ -208,7 +209,7 @@ def test_a_write_refused_in_an_actor_stops_the_run_in_one_line() -> None:
     with the actor's one line and the iteration."""
     from ray.exceptions import RayTaskError
 
-    from marti_ibrl.backend.openrlhf_glue import NonFiniteError
+    from marti_ibrl.backend.finite import NonFiniteError
     from marti_ibrl.trainer import IBRLTrainer
 
     cause = NonFiniteError(
@@ -220,8 +221,9 @@ def test_a_write_refused_in_an_actor_stops_the_run_in_one_line() -> None:
         raise wrapped.as_instanceof_cause()
 
     trainer = object.__new__(IBRLTrainer)
-    trainer.cfg = SimpleNamespace(train=SimpleNamespace(iterations=2, check_sync=False))
+    trainer.cfg = SimpleNamespace(train=SimpleNamespace(iterations=2, check_sync=False, async_rollout=False))
     trainer.start_iteration, trainer.topology, trainer.iteration = 1, {"nodes": []}, iteration
+    trainer.rollouts = None  # (synchronous: no rollout thread)
     with pytest.raises(TrainingStopped) as e:
         trainer.fit()
     assert str(e.value) == f"iteration 1: {cause}"

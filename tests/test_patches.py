@@ -254,6 +254,7 @@ for _ in range(int(sys.argv[1])):
         with deepspeed.zero.GatheredParameters([lin.weight, lin.bias]):
             wrong += not (torch.equal(lin.weight, truth[f"{i}.weight"]) and torch.equal(lin.bias, truth[f"{i}.bias"]))
 print(f"RANK {os.environ['RANK']} WRONG {wrong}", flush=True)
+torch.distributed.barrier()
 """
 
 
@@ -264,9 +265,10 @@ def test_deepspeed_multi_parameter_gathers_are_complete_on_gloo(tmp_path: Path) 
     one of 2 x 400 gathers (50 rounds of 8 Linears per rank)."""
     import subprocess
 
+    from child_env import END_OF_SCRIPT, child_env
+
     script = tmp_path / "gathers.py"
-    script.write_text(_GATHERS)
-    from child_env import child_env
+    script.write_text(_GATHERS + END_OF_SCRIPT)
 
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     out = subprocess.run([*run, "50"], capture_output=True, text=True, env=child_env(), timeout=300, cwd=tmp_path)

@@ -14,11 +14,11 @@ import pytest
 from people_calls import write_calls
 
 from marti_ibrl.cli import main
+from marti_ibrl.commands.people import build_game
 from marti_ibrl.envs.dond.game import utility
 from marti_ibrl.people.agreement import agreement, contingency, report
 from marti_ibrl.people.annotate import Annotation, blind_transcript, call_id, load_calls, order
 from marti_ibrl.people.app import TOKEN_ENV, check_bind, create_app, resolve_token
-from marti_ibrl.people.command import build_game
 from marti_ibrl.people.human_eval import dond_episodes
 from marti_ibrl.people.store import Rejected, Store
 
@@ -192,7 +192,7 @@ def test_human_db_eval_tables(dond, tmp_path, capsys) -> None:
     person.act(g1["game_id"], "walk_away")
     # hand-computed: the deal gives the policy every unit, own utility 10/10 = 1 and joint value 10 / first best
     scenario = store.game(g0["game_id"])["scenario"]
-    from marti_ibrl.eval.dond_metrics import first_best
+    from marti_ibrl.eval.dond.metrics import first_best
 
     joint = 10 / first_best(scenario)
     out = tmp_path / "eval"

@@ -74,6 +74,20 @@ def test_separate_layouts_only_check_sleep_and_schedule():
     assert violations(records, due, colocated=True) != []
 
 
+def test_an_engine_set_is_never_synced_while_it_generates():
+    """--train.async_rollout: k+1's rollout runs while k trains, and k's sync waits for it (any layout)."""
+    due = {1: ["agent1"], 2: ["agent1"]}
+    records = [_rec(1, "agent1", "engines", "generate", 0.0), _rec(1, "agent1", "actor", "train", 1.0)]
+    records += [_rec(2, "agent1", "engines", "generate", 1.2), _rec(1, "agent1", "engines", "sync", 2.0)]
+    records += [_rec(2, "agent2", "engines", "generate", 2.1)]  # another role's engines: theirs to generate
+    assert violations(records, due, colocated=False) == []
+    records[2]["end"] = 2.3  # k=2's rollout still running when k=1's sync started
+    assert violations(records, due, colocated=False) == [
+        "iteration 1, agent1 engines sync at 2.000-2.500s: while they generated iteration 2's rollout (1.200-2.300s)"
+    ]
+    assert violations([{**r, "session": i} for i, r in enumerate(records)], due, colocated=False) == []
+
+
 def test_the_log_is_durable_threadsafe_and_says_what_had_no_effect(tmp_path):
     log = PhaseLog(tmp_path, effect="none on cpu")
 

@@ -229,14 +229,14 @@ def test_plan_without_checkpoints_sizes_by_name_unless_strict(tmp_path, capsys):
 
 def test_train_starts_ray_with_the_planned_slots(checkpoints, tmp_path, monkeypatch):
     """train's Ray start-up asks for exactly the GPUs plan counts (one function: placement.device_slots)."""
-    from marti_ibrl.backend import openrlhf_glue
+    from marti_ibrl.backend import cluster
 
     env = recipe_env("telesales/qwen3.5-4b", checkpoints, tmp_path)
     monkeypatch.setenv("IBRL_TEST_JUDGE_KEY", "secret")
     cfg = load_config(recipe_flags("telesales/qwen3.5-4b", env) + ["--ray.address", "auto"])
     asked = []
-    monkeypatch.setattr(openrlhf_glue, "start_ray", lambda slots, *a, **k: asked.append(slots))
-    openrlhf_glue.init_ray(cfg, "cuda")
+    monkeypatch.setattr(cluster, "start_ray", lambda slots, *a, **k: asked.append(slots))
+    cluster.init_ray(cfg, "cuda")
     assert asked == [make_plan(cfg, nodes=4).total_gpus] == [32]
 
 

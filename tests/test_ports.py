@@ -40,7 +40,7 @@ def test_the_ephemeral_range_is_read_from_the_kernel():
 
 
 def test_the_roles_distributed_actors_draw_their_rendezvous_port_here():
-    from marti_ibrl.backend.openrlhf_glue import RolePolicyActorBase, RoleReferenceActorBase
+    from marti_ibrl.backend.actors import RolePolicyActorBase, RoleReferenceActorBase
 
     for actor in (RolePolicyActorBase, RoleReferenceActorBase):
         assert LISTEN_PORTS_FROM <= actor._get_free_port() < ephemeral_ports()[0], actor  # OpenRLHF's: bind(0)

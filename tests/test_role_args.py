@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from marti_ibrl.backend.openrlhf_glue import device_slots, role_args
+from marti_ibrl.backend.args import role_args
 from marti_ibrl.config import load_config
-from marti_ibrl.placement import uses_pool
+from marti_ibrl.placement import device_slots, uses_pool
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,24 @@ def test_per_role_estimator_lr_and_sync_group(model: str) -> None:
     assert (a1.vllm.sync_group_name, a2.vllm.sync_group_name) == ("ibrl_agent1", "ibrl_agent2")
     assert (a1.ckpt.path, a2.ckpt.path) == ("/tmp/run-x/agent1/ckpt", "/tmp/run-x/agent2/ckpt")
     assert a1.vllm.sync_backend == "object_store"
+
+
+@pytest.mark.parametrize(
+    ("flags", "level"),
+    [
+        ([], "off"),
+        (["--train.async_rollout", "true", "--train.max_staleness", "0"], "off"),
+        (["--train.async_rollout", "true"], "token"),
+    ],
+)
+def test_async_samples_are_corrected_by_the_engines_log_probs(model: str, flags: list[str], level: str) -> None:
+    """--train.async_rollout with staleness 1: Eq. 5's ratio gets OpenRLHF's per-token correction against the log-probs
+    of the engines that sampled (π_train/π_rollout outside [0.5, 5] masked); on-policy runs (sync, staleness 0) none."""
+    cfg = load_config(["--role1.pretrain", model, "--role2.pretrain", model, *flags])
+    for role in cfg.roles:
+        advantage = role_args(cfg, role, "cpu").algo.advantage
+        assert (advantage.is_correction_level, advantage.is_correction_mode) == (level, "mask")
+        assert advantage.is_correction_threshold == [0.5, 5.0]
 
 
 @pytest.mark.parametrize(
@@ -74,7 +92,7 @@ def test_ray_processes_get_no_forced_nccl_cumem(device: str, monkeypatch) -> Non
     ncclCommInitRank); a value the user set reaches every Ray process, on a local Ray and on a cluster."""
     import ray
 
-    from marti_ibrl.backend import openrlhf_glue
+    from marti_ibrl.backend import cluster
     from marti_ibrl.procenv import ray_env_vars
 
     seen: list[dict] = []
@@ -82,13 +100,13 @@ def test_ray_processes_get_no_forced_nccl_cumem(device: str, monkeypatch) -> Non
     monkeypatch.setattr(ray, "init", lambda **kw: seen.append(kw["runtime_env"]["env_vars"]))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 8})
     monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
-    openrlhf_glue.start_ray(2, device)
-    openrlhf_glue.start_ray(2, device, address="ray://head:10001")
+    cluster.start_ray(2, device)
+    cluster.start_ray(2, device, address="ray://head:10001")
     assert [("NCCL_CUMEM_ENABLE" in env, env["TOKENIZERS_PARALLELISM"]) for env in seen] == [(False, "false")] * 2
     monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")
     seen.clear()
-    openrlhf_glue.start_ray(2, device)
-    openrlhf_glue.start_ray(2, device, address="ray://head:10001")
+    cluster.start_ray(2, device)
+    cluster.start_ray(2, device, address="ray://head:10001")
     assert [env["NCCL_CUMEM_ENABLE"] for env in seen] == ["1", "1"]
     assert ray_env_vars({"NCCL_CUMEM_ENABLE": "0"})["NCCL_CUMEM_ENABLE"] == "0"
     assert "NCCL_CUMEM_ENABLE" not in ray_env_vars({})
@@ -103,7 +121,7 @@ def test_a_ray_cluster_without_the_jobs_slots_is_refused_with_one_thread_per_pro
     one OpenMP thread each, on a cluster as on a local Ray."""
     import ray
 
-    from marti_ibrl.backend import openrlhf_glue
+    from marti_ibrl.backend import cluster
 
     seen, stopped = [], []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
@@ -112,9 +130,9 @@ def test_a_ray_cluster_without_the_jobs_slots_is_refused_with_one_thread_per_pro
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 8, "CPU": 64})
     what = "GPUs" if device == "cuda" else "device slots (logical GPUs: `ray start --num-gpus` on CPU nodes)"
     with pytest.raises(RuntimeError, match=rf"needs 9 {re.escape(what)} .* the Ray cluster has 8: OpenRLHF"):
-        openrlhf_glue.start_ray(9, device, address="auto")
+        cluster.start_ray(9, device, address="auto")
     assert stopped == [True]
-    openrlhf_glue.start_ray(8, device, address="auto")
+    cluster.start_ray(8, device, address="auto")
     assert [env.get("OMP_NUM_THREADS") for env in seen] == [None if device == "cuda" else "1"] * 2
 
 
@@ -124,14 +142,14 @@ def test_a_local_run_starts_a_ray_of_its_own(monkeypatch) -> None:
     `ray.init()` would go, and it refuses a local run's slots there ("num_cpus and num_gpus must not be provided")."""
     import ray
 
-    from marti_ibrl.backend import openrlhf_glue
+    from marti_ibrl.backend import cluster
 
     seen = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: seen.append(kw))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 8})
-    openrlhf_glue.start_ray(3, "cpu")
-    openrlhf_glue.start_ray(3, "cpu", address="auto")
+    cluster.start_ray(3, "cpu")
+    cluster.start_ray(3, "cpu", address="auto")
     assert [kw.get("address") for kw in seen] == ["local", "auto"]
     assert (seen[0]["num_gpus"], seen[0]["num_cpus"]) == (3, 5)
 
@@ -147,12 +165,12 @@ def test_a_local_run_starts_a_ray_of_its_own(monkeypatch) -> None:
     ],
 )
 def test_engine_kind_and_weight_sync(model, monkeypatch, device, engine, vllm_installed, kind, sync) -> None:
-    from marti_ibrl.backend import openrlhf_glue
+    from marti_ibrl.backend import args as backend_args
 
-    monkeypatch.setattr(openrlhf_glue, "has_vllm", lambda: vllm_installed)
+    monkeypatch.setattr(backend_args, "has_vllm", lambda: vllm_installed)
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object() if name == "vllm" else None)
     cfg = load_config(["--role1.pretrain", model, "--role2.pretrain", model, "--rollout.engine", engine])
-    assert openrlhf_glue.engine_kind(engine, device) == kind
+    assert backend_args.engine_kind(engine, device) == kind
     a = role_args(cfg, cfg.roles[0], device)
     assert (a.vllm.sync_backend, a.vllm.enable_prefix_caching) == (sync, kind == "vllm")
 
@@ -162,18 +180,47 @@ def test_engines_serve_in_the_trainers_dtype(model, monkeypatch, dtype: str, eng
     """WorkerWrap.update_weight asserts the trainer's dtype equals the engine's: engines get --ds.param_dtype."""
     import openrlhf.trainer.ray.vllm_engine as vllm_engine
 
-    from marti_ibrl.backend import openrlhf_glue
+    from marti_ibrl.backend import stack
 
     seen = {}
     monkeypatch.setattr(vllm_engine, "create_vllm_engines", lambda *a, **kw: seen.update(kw) or ["engine"])
     monkeypatch.setattr(
-        "marti_ibrl.rollout.engines.vllm_engine_class", lambda kv, lora: f"vllm-engine-class, KV {kv}, LoRA {lora}"
+        "marti_ibrl.rollout.engines.vllm_engine_class",
+        lambda device, kv, lora: f"vllm-engine-class, KV {kv}, LoRA {lora}",
     )
     cfg = load_config(["--role1.pretrain", model, "--role2.pretrain", model, "--ds.param_dtype", dtype])
     cfg.rollout.engine = "vllm"
-    assert openrlhf_glue.start_engines(cfg, cfg.roles[0], model, 0, "cpu", 1) == ["engine"]
+    assert stack.start_engines(cfg, cfg.roles[0], model, 0, "cpu", 1) == ["engine"]
     assert (seen["dtype"], seen["engine_cls"], seen["enable_prefix_caching"]) == (
         engine_dtype,
         "vllm-engine-class, KV 64, LoRA None",  # on CPU its KV cache holds the iteration's 16 x 4 dialogues
         True,
     )
+
+
+def test_engines_need_no_openrlhf_namespace(model, monkeypatch) -> None:
+    """A role's OpenRLHF namespace is built once, by RoleStack.start: engines (a trained role's pool engines, a frozen
+    checkpoint's) take what they need from the config (``--roleN.gpu_memory_utilization``), not another namespace."""
+    import openrlhf.trainer.ray.vllm_engine as vllm_engine
+
+    from marti_ibrl.backend import args as backend_args
+    from marti_ibrl.backend import stack
+
+    def refused(*a, **k):
+        raise AssertionError("role_args built for engines")
+
+    monkeypatch.setattr(backend_args, "role_args", refused)
+    monkeypatch.setattr(stack, "role_args", refused)
+    seen = {}
+    monkeypatch.setattr(vllm_engine, "create_vllm_engines", lambda *a, **kw: seen.update(kw) or ["engine"])
+    flags = [
+        "--role1.pretrain",
+        model,
+        "--role2.frozen",
+        f"checkpoint:{model}",
+        "--role2.gpu_memory_utilization",
+        "0.3",
+    ]
+    cfg = load_config(flags)
+    assert stack.start_engines(cfg, cfg.roles[1], model, 0, "cpu", 1) == ["engine"]
+    assert seen["gpu_memory_utilization"] == 0.3

@@ -335,7 +335,7 @@ def test_an_unreachable_ray_address_fails_within_its_timeout(flags, capsys, tmp_
 
 
 def test_wait_for_cluster_returns_once_the_head_answers() -> None:
-    from marti_ibrl.backend.openrlhf_glue import wait_for_cluster
+    from marti_ibrl.backend.cluster import wait_for_cluster
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -28,7 +28,7 @@ def test_train_command_is_the_recipe_resumable_and_sync_checked(bench, tmp_path)
 
 def test_eval_commands_play_self_the_heldout_bots_and_in_system(bench, tmp_path):
     from marti_ibrl.cli import build_parser
-    from marti_ibrl.eval.command import plan
+    from marti_ibrl.eval.dond.command import plan
 
     for name in ("sft", "agent1", "agent2"):
         (tmp_path / name).mkdir()

@@ -1,5 +1,5 @@
 """TeleSales SFT initialisation (issue 6 §5; paper §5.1, Tables 15 and 16): the transcript format, its validation
-by replay through TeleSalesEnv, each role's training view, OpenRLHF's masks on it and ``marti-ibrl sft``."""
+by replay through TeleSalesEnv, each role's training view, OpenRLHF's masks on it and ``marti-ibrl telesales sft``."""
 
 from __future__ import annotations
 
@@ -250,9 +250,21 @@ def test_openrlhf_multiturn_masks_cover_exactly_own_turns(tiny_dir: str, env: Te
         assert tok.decode(trained).replace("\n", "") == "".join(own).replace("\n", "")
 
 
-# ---- marti-ibrl sft ----
+# ---- marti-ibrl telesales sft ----
 def _sft_argv(transcripts: str, pretrain: str, out: str, *extra: str, role: str = "customer") -> list[str]:
-    return ["sft", "--role", role, "--transcripts", transcripts, "--pretrain", pretrain, "--out", out, *extra]
+    return [
+        "telesales",
+        "sft",
+        "--role",
+        role,
+        "--transcripts",
+        transcripts,
+        "--pretrain",
+        pretrain,
+        "--out",
+        out,
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -291,7 +303,7 @@ def test_cli_input_errors_one_line_exit_2_before_training(
     for argv, message in cases:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.splitlines()
-        assert err[-1] == f"marti-ibrl sft: error: {message}", argv
+        assert err[-1] == f"marti-ibrl telesales sft: error: {message}", argv
         assert len([line for line in err if "error" in line]) == 1
     assert no_training == [] and not Path(out, "sft_data.jsonl").exists()
 
@@ -308,8 +320,8 @@ def test_cli_lenient_writes_the_role_view_and_trains(
     captured = capsys.readouterr()
     data = str(Path(out, "sft_data.jsonl"))
     assert captured.err.splitlines() == [
-        *(f"marti-ibrl sft: warning: skipped {e}" for e in errors),
-        "marti-ibrl sft: warning: skipped 7 bad calls, kept 2",
+        *(f"marti-ibrl telesales sft: warning: skipped {e}" for e in errors),
+        "marti-ibrl telesales sft: warning: skipped 7 bad calls, kept 2",
     ]
     assert captured.out.splitlines() == [
         f"2 sales SFT records from 2 calls -> {data}",
@@ -323,9 +335,22 @@ def test_cli_lenient_writes_the_role_view_and_trains(
     }  # fmt: skip
 
 
+def test_the_old_name_sft_runs_the_same_command_and_says_so(
+    tiny_dir: str, calls: list[dict], tmp_path: Path, capsys, no_training: list[dict]
+) -> None:
+    """``marti-ibrl sft`` (before TeleSales' SFT moved under ``telesales``) still works, after one line saying so."""
+    data = write_transcripts(tmp_path / "calls.jsonl", calls[:2])
+    argv = _sft_argv(data, tiny_dir, str(tmp_path / "out"), "--batch-size", "2", role="sales")
+    assert argv[:2] == ["telesales", "sft"]
+    assert main(argv[1:]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["marti-ibrl sft: note: this is marti-ibrl telesales sft (TeleSales' SFT); the old name still works"]
+    assert len(no_training) == 1
+
+
 @pytest.mark.slow
 def test_cli_sft_customer_end_to_end(tiny_dir: str, env: TeleSalesEnv, tmp_path: Path, capsys) -> None:
-    """``marti-ibrl sft --role customer`` on 8 synthetic calls through OpenRLHF's SFT trainer: 2 epochs x 4 steps."""
+    """``marti-ibrl telesales sft --role customer`` on 8 synthetic calls through OpenRLHF's SFT trainer: 2 epochs x 4 steps."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from marti_ibrl.sft import assistant_nll, sft_loss_curve

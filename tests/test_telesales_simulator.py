@@ -476,12 +476,12 @@ def test_telesales_eval_checkpoint_on_engines(serve, tmp_path, monkeypatch, caps
     """A tiny checkpoint in the sales seat, served by an HF engine (the Table 15 training format), against the
     scripted simulator: calls end by the rules or as malformed, the simulator hears the checkpoint's words, the
     engines start once and stop, and a rerun starts nothing."""
-    from marti_ibrl.eval import command as eval_command
+    from marti_ibrl.eval import engines as eval_engines
     from marti_ibrl.rollout import runner as runner_module
     from marti_ibrl.tiny import build_tiny_model
 
     engines = LocalEngines()
-    monkeypatch.setattr(eval_command, "engine_factory", lambda args, n: engines)
+    monkeypatch.setattr(eval_engines, "engine_factory", lambda args, n: engines)
     monkeypatch.setattr(runner_module, "ray", SimpleNamespace(get=lambda refs: refs))
     corpus = [training_sales_prompt(p) for p in PROFILES] + [line for _, line in SALES_LINES] + ["reply 1", "reply 2"]
     model = build_tiny_model(tmp_path / "tiny", corpus, max_position_embeddings=2048)

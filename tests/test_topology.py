@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from marti_ibrl.backend.openrlhf_glue import role_args
+from marti_ibrl.backend.args import role_args
 from marti_ibrl.config import load_config
 from marti_ibrl.procenv import SHARE_ONE_GPU_ENV
 from marti_ibrl.rollout.runner import Policy

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 12, "seed": 7}
 def engine(tmp_path_factory):
     import ray
 
-    from marti_ibrl.backend.openrlhf_glue import start_ray
+    from marti_ibrl.backend.cluster import start_ray
     from marti_ibrl.rollout.engines import create_engines
     from marti_ibrl.sft import SMALL_TINY_MODEL, VLLM_TINY_HEADS
     from marti_ibrl.tiny import build_tiny_dond_model
@@ -37,8 +36,7 @@ def engine(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm")
     model = build_tiny_dond_model(tmp / "tiny", **SMALL_TINY_MODEL, **VLLM_TINY_HEADS)
     start_ray(2, "cpu", log_to_driver=False)  # this engine, and one started and stopped by FrozenEngines
-    args = SimpleNamespace(vllm=SimpleNamespace(gpu_memory_utilization=0.5))
-    (e,) = create_engines(args, model, 0, True, 1, 1, 256, dtype="fp32")
+    (e,) = create_engines(model, 0, True, 1, 1, 256, dtype="fp32", device="cpu")
     yield e, model, tmp
     ray.shutdown()
 
@@ -110,7 +108,7 @@ def test_eval_engines_start_serve_and_stop_on_vllm(engine):
     training engine does (same seed, same weights), and stops it with its placement group (the slot is free again)."""
     import ray
 
-    from marti_ibrl.backend.openrlhf_glue import FrozenEngines
+    from marti_ibrl.backend.stack import FrozenEngines
 
     e, model, _ = engine
     frozen = FrozenEngines("cpu", 1, seed=0, max_len=256, engine="vllm")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from marti_ibrl.config import Config
+    from marti_ibrl.config.schema import Config
     from marti_ibrl.rollout.dialogue import Trajectory
 
 

@@ -58,8 +58,9 @@ def role_advantages(
 ) -> torch.Tensor:
     """Per-trajectory advantages (N,) of one role from its rewards (N,) and each sample's scenario.
 
-    This is the exact function the trainer uses (through OpenRLHF's experience maker); exposed for
-    tests, diagnostics and custom pipelines.
+    The trainer does not call it: OpenRLHF's experience maker computes the same thing there
+    (``grouped_reward_baseline`` over the same :func:`group_key` ids, patch 0005). This is that computation on its
+    own, for tests, diagnostics and custom pipelines.
     """
     from openrlhf.trainer.ppo_utils.experience_maker import grouped_reward_baseline
 

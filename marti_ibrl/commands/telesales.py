@@ -1,8 +1,10 @@
-"""TeleSales commands: ``marti-ibrl sft --role sales|customer``, ``marti-ibrl telesales profiles`` and
-``marti-ibrl telesales eval``; :func:`add_telesales_parsers` adds all three (TeleSales'
-:class:`~marti_ibrl.envs.registry.EnvSpec` CLI hook, ``marti_ibrl/envs/telesales/spec.py``).
+"""TeleSales commands: ``marti-ibrl telesales sft --role sales|customer``, ``telesales profiles`` and
+``telesales eval``; :func:`add_telesales_parsers` adds all three (TeleSales'
+:class:`~marti_ibrl.envs.registry.EnvSpec` CLI hook, ``marti_ibrl/envs/telesales/spec.py``), and the old name
+``marti-ibrl sft``, which still works and says where the command went (the package ``marti_ibrl.sft`` is DoND's
+SFT data, so a top-level ``sft`` named the wrong game).
 
-``marti-ibrl sft``: SFT initialisation of a TeleSales role from call transcripts (paper §5.1: both roles start from SFT
+``marti-ibrl telesales sft``: SFT initialisation of a TeleSales role from call transcripts (paper §5.1: both roles start from SFT
 checkpoints; transcript format and training views: :mod:`marti_ibrl.envs.telesales.transcripts`).
 
 Validates the transcripts, converts them to the role's view (Tables 15/16 system prompts, what the role hears),
@@ -29,7 +31,7 @@ from typing import Any
 from marti_ibrl.envs.telesales.env import SEATS, TeleSalesEnv
 from marti_ibrl.envs.telesales.transcripts import TranscriptError, load_transcripts, records_for_role
 
-PROG = "marti-ibrl sft"
+PROG = "marti-ibrl telesales sft"
 DATA_FILE = "sft_data.jsonl"
 
 
@@ -133,11 +135,19 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_sft_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Wire ``sft`` into the ``marti-ibrl`` CLI (handler in ``args.func``)."""
+def cmd_sft_old_name(args: argparse.Namespace) -> int:
+    """``marti-ibrl sft``: the old name of ``marti-ibrl telesales sft``; runs it, after one line saying so."""
+    print(f"marti-ibrl sft: note: this is {PROG} (TeleSales' SFT); the old name still works", file=sys.stderr)
+    return cmd_sft(args)
+
+
+def add_sft_parser(subparsers: Any, old_name: bool = False) -> argparse.ArgumentParser:
+    """Wire ``sft`` into a ``subparsers`` (``telesales``'s; ``old_name``: the top-level ``marti-ibrl sft``)."""
     p = subparsers.add_parser(
         "sft",
-        help="SFT a TeleSales role on call transcripts with OpenRLHF's SFT trainer (paper §5.1)",
+        help=f"the old name of {PROG}"
+        if old_name
+        else "SFT a role on call transcripts with OpenRLHF's SFT trainer (paper §5.1)",
         description=" ".join(__doc__.split("\n\n")[1:3]).replace("\n", " "),
     )
     p.add_argument("--role", required=True, help="sales | customer")
@@ -156,7 +166,7 @@ def add_sft_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--lenient", action="store_true", help="skip bad calls (each reported, then counted) instead of failing"
     )
-    p.set_defaults(func=cmd_sft)
+    p.set_defaults(func=cmd_sft_old_name if old_name else cmd_sft)
     return p
 
 
@@ -199,12 +209,13 @@ def add_profiles_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_telesales_parsers(subparsers: Any) -> None:
-    """Add ``telesales profiles``, ``telesales eval`` and ``sft`` to the ``marti-ibrl`` argparse ``subparsers``."""
-    telesales = subparsers.add_parser("telesales", help="Vehicle TeleSales utilities: profiles, held-out eval")
+    """Add ``telesales sft``, ``telesales profiles``, ``telesales eval`` (and the old name ``sft``) to ``subparsers``."""
+    telesales = subparsers.add_parser("telesales", help="Vehicle TeleSales: role SFT, profiles, held-out eval")
     telesales_sub = telesales.add_subparsers(dest="telesales_command", required=True)
+    add_sft_parser(telesales_sub)
     add_profiles_parser(telesales_sub)
     add_telesales_eval_parser(telesales_sub)
-    add_sft_parser(subparsers)
+    add_sft_parser(subparsers, old_name=True)
 
 
 # ---- marti-ibrl telesales eval ----
@@ -227,43 +238,15 @@ def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
     """Everything the evaluation needs, checked before any work; ``ValueError`` / ``OSError`` on bad input."""
     from pathlib import Path
 
-    from marti_ibrl.envs.telesales.profiles import generate_profiles, read_jsonl
-    from marti_ibrl.envs.telesales.prompts import EVAL_TEMPLATES, load_template
-    from marti_ibrl.eval.evaluator import parse_named
     from marti_ibrl.eval.telesales.agents import (
         Auditor,
-        PromptedSalesAgent,
         UserSimulator,
         endpoint_client,
         parse_endpoint,
     )
-    from marti_ibrl.eval.telesales.evaluator import EPISODES, read_episodes
-    from marti_ibrl.llm import STRUCTURED
-    from marti_ibrl.lora import adapter_base, is_adapter
-    from marti_ibrl.rollout.players import parse_player_spec
 
-    counts = {"--samples": args.samples, "--concurrency": args.concurrency, "-n": args.n, "--batch": args.batch}
-    counts["--max-turns"] = args.max_turns
-    for flag, value in counts.items():
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} must be >= 1 (got {value})")
-    if args.max_retries < 0 or not args.timeout > 0 or args.backoff < 0:
-        raise ValueError("--max-retries and --backoff must be >= 0 and --timeout > 0")
-    if args.structured not in STRUCTURED:
-        raise ValueError(f"--structured must be one of {', '.join(STRUCTURED)} (got {args.structured!r})")
-    for template in (*EVAL_TEMPLATES, "sales"):
-        load_template(template, args.lang)
-
-    if args.profiles:
-        if not os.path.isfile(args.profiles):
-            raise ValueError(f"profiles file not found: {args.profiles}")
-        profiles = read_jsonl(args.profiles, "eval")[: args.n]
-        source = f"{args.profiles} ({len(profiles)} profiles)"
-    else:
-        n = args.n or 500
-        profiles = generate_profiles(n, args.seed, "eval")
-        source = f"generated: {n} evaluation profiles, seed {args.seed}"
-
+    _check_eval_flags(args)
+    profiles, source = _eval_profiles(args)
     retry = {"max_retries": args.max_retries, "timeout": args.timeout, "backoff": args.backoff}
     clients: dict[tuple, Any] = {}
 
@@ -286,35 +269,9 @@ def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
         )
 
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
-    policies: dict[str, Any] = {}
-    for text in args.policy:
-        named = parse_named(text)
-        spec_text = named.spec if ":" in named.spec.split("/")[0] else f"checkpoint:{named.spec}"
-        spec = parse_player_spec(spec_text)
-        if named.name in policies:
-            raise ValueError(f"--policy names must be unique: {named.name!r} twice (use NAME=SPEC)")
-        if spec["kind"] == "checkpoint":
-            if is_adapter(spec["path"]):  # a LoRA role's ROLE/hf: merged into its base when the evaluation starts
-                adapter_base(spec["path"])  # its base must exist
-                policies[named.name] = spec["path"]
-                continue
-            if not os.path.isfile(os.path.join(spec["path"], "config.json")):
-                raise ValueError(f"--policy {text}: not a Hugging Face checkpoint directory (no config.json) "
-                                 "nor a LoRA adapter (no adapter_config.json)")  # fmt: skip
-            policies[named.name] = spec["path"]
-        elif spec["kind"] == "endpoint":
-            policies[named.name] = PromptedSalesAgent(client(spec), named.name, sampling)
-        else:
-            raise ValueError(f"--policy {text}: expected checkpoint:PATH, a checkpoint directory, or "
-                             "endpoint:MODEL@URL[#KEY_ENV]")  # fmt: skip
-
+    policies = _eval_policies(args, client, sampling)
     out = Path(args.out)
-    for name in policies:
-        path = out / EPISODES / f"{name}.jsonl"
-        others = sorted({r.get("simulator") for r in read_episodes(path)} - {simulator.name})
-        if others:
-            raise ValueError(f"{path} was played with {', '.join(map(str, others))}, not {simulator.name}: "
-                             "use another --out")  # fmt: skip
+    _check_episodes_simulator(out, policies, simulator.name)
     meta = {
         "profiles": source,
         "samples per profile": args.samples,
@@ -337,13 +294,91 @@ def _eval_plan(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _check_eval_flags(args: argparse.Namespace) -> None:
+    """The evaluation's counts, retry settings, structured mode and prompt templates; ``ValueError`` if unfit."""
+    from marti_ibrl.envs.telesales.prompts import EVAL_TEMPLATES, load_template
+    from marti_ibrl.llm import STRUCTURED
+
+    counts = {"--samples": args.samples, "--concurrency": args.concurrency, "-n": args.n, "--batch": args.batch}
+    counts["--max-turns"] = args.max_turns
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1 (got {value})")
+    if args.max_retries < 0 or not args.timeout > 0 or args.backoff < 0:
+        raise ValueError("--max-retries and --backoff must be >= 0 and --timeout > 0")
+    if args.structured not in STRUCTURED:
+        raise ValueError(f"--structured must be one of {', '.join(STRUCTURED)} (got {args.structured!r})")
+    for template in (*EVAL_TEMPLATES, "sales"):
+        load_template(template, args.lang)
+
+
+def _eval_profiles(args: argparse.Namespace) -> tuple[list, str]:
+    """The evaluation profiles (``--profiles`` FILE, else ``-n`` generated with ``--seed``) and where they came from."""
+    from marti_ibrl.envs.telesales.profiles import generate_profiles, read_jsonl
+
+    if args.profiles:
+        if not os.path.isfile(args.profiles):
+            raise ValueError(f"profiles file not found: {args.profiles}")
+        profiles = read_jsonl(args.profiles, "eval")[: args.n]
+        source = f"{args.profiles} ({len(profiles)} profiles)"
+    else:
+        n = args.n or 500
+        profiles = generate_profiles(n, args.seed, "eval")
+        source = f"generated: {n} evaluation profiles, seed {args.seed}"
+    return profiles, source
+
+
+def _eval_policies(args: argparse.Namespace, client, sampling: dict[str, Any]) -> dict[str, Any]:
+    """``--policy [NAME=]SPEC`` each: name -> a checkpoint or LoRA adapter directory (loaded when the evaluation
+    starts), or a prompted endpoint agent (``client(spec)`` gives its shared endpoint client)."""
+    from marti_ibrl.eval.episodes import parse_named
+    from marti_ibrl.eval.telesales.agents import PromptedSalesAgent
+    from marti_ibrl.lora import adapter_base, is_adapter
+    from marti_ibrl.rollout.players import parse_player_spec
+
+    policies: dict[str, Any] = {}
+    for text in args.policy:
+        named = parse_named(text)
+        spec_text = named.spec if ":" in named.spec.split("/")[0] else f"checkpoint:{named.spec}"
+        spec = parse_player_spec(spec_text)
+        if named.name in policies:
+            raise ValueError(f"--policy names must be unique: {named.name!r} twice (use NAME=SPEC)")
+        if spec["kind"] == "checkpoint":
+            if is_adapter(spec["path"]):  # a LoRA role's ROLE/hf: merged into its base when the evaluation starts
+                adapter_base(spec["path"])  # its base must exist
+                policies[named.name] = spec["path"]
+                continue
+            if not os.path.isfile(os.path.join(spec["path"], "config.json")):
+                raise ValueError(f"--policy {text}: not a Hugging Face checkpoint directory (no config.json) "
+                                 "nor a LoRA adapter (no adapter_config.json)")  # fmt: skip
+            policies[named.name] = spec["path"]
+        elif spec["kind"] == "endpoint":
+            policies[named.name] = PromptedSalesAgent(client(spec), named.name, sampling)
+        else:
+            raise ValueError(f"--policy {text}: expected checkpoint:PATH, a checkpoint directory, or "
+                             "endpoint:MODEL@URL[#KEY_ENV]")  # fmt: skip
+    return policies
+
+
+def _check_episodes_simulator(out, policies: dict[str, Any], simulator: str) -> None:
+    """Episodes already in ``out`` (an evaluation resumes there) must have been played with the same simulator."""
+    from marti_ibrl.eval.telesales.evaluator import EPISODES, read_episodes
+
+    for name in policies:
+        path = out / EPISODES / f"{name}.jsonl"
+        others = sorted({r.get("simulator") for r in read_episodes(path)} - {simulator})
+        if others:
+            raise ValueError(f"{path} was played with {', '.join(map(str, others))}, not {simulator}: "
+                             "use another --out")  # fmt: skip
+
+
 def cmd_telesales_eval(args: argparse.Namespace) -> int:
     try:
         plan = _eval_plan(args)
     except (ValueError, OSError) as e:
         print(f"{EVAL_PROG}: error: {e}", file=sys.stderr)
         return 2
-    from marti_ibrl.eval.command import LazyEngines, owned_ray
+    from marti_ibrl.eval.engines import LazyEngines, owned_ray
     from marti_ibrl.eval.telesales.evaluator import EPISODES, TeleSalesEvaluator, current_records, write_results
     from marti_ibrl.eval.telesales.outputs import StoryCache
     from marti_ibrl.lora import is_adapter, servable_checkpoint
@@ -457,7 +492,7 @@ def add_telesales_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--num-engines", type=int, default=1, help="rollout engines per checkpoint (default: 1)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    from marti_ibrl.eval.command import add_engine_argument
+    from marti_ibrl.eval.engines import add_engine_argument
 
     add_engine_argument(p)
     p.add_argument("--retry-failed", action="store_true", help="play failed episodes again on a rerun")

@@ -13,7 +13,7 @@ from marti_ibrl.envs import registry
 from marti_ibrl.envs.base import DialogueEnv, Outcome, TurnResult
 
 if TYPE_CHECKING:
-    from marti_ibrl.config import EnvConfig
+    from marti_ibrl.config.schema import EnvConfig
 
 __all__ = ["DialogueEnv", "Outcome", "TurnResult", "make_env"]
 

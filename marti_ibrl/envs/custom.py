@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from marti_ibrl.envs.registry import EnvSpec
+from marti_ibrl.envs.spec import EnvSpec
 
 REQUIRED = ("system_prompt", "new_state", "current_role", "step", "finish_malformed", "abort", "outcome", "reward")
 

@@ -16,32 +16,9 @@ go to ``RUN_DIR/diagnostics/episodes`` (resumable, like ``marti-ibrl eval``); th
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from pathlib import Path
-
-
-def add_diagnose_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "diagnose",
-        help="checkpoint diagnostics of a run: semantic-similarity heatmap, in-system vs fixed success",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("run_dir")
-    p.add_argument("--role", required=True, help="the role whose checkpoints are diagnosed")
-    p.add_argument("-n", "--num-scenarios", type=int, default=50)
-    p.add_argument("--fixed", default=None, help="fixed counterpart SPEC (default: the other role's step-0 checkpoint)")
-    p.add_argument("--scenario-seed", type=int, default=20261)
-    p.add_argument(
-        "--embedder", default=None, help="sentence-transformers model dir (default: bundled all-MiniLM-L6-v2)"
-    )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_diagnose)
-    return p
 
 
 def role_checkpoints(run_dir: Path, role: str) -> list[tuple[int, Path]]:
@@ -100,8 +77,9 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
         raise ValueError(f"--role {role}: the run's roles are {roles}")
     spec = diagnosable(cfg.env.name, roles)
 
-    from marti_ibrl.eval.dond_metrics import summarize_seat_averaged
-    from marti_ibrl.eval.evaluator import Evaluator, Named
+    from marti_ibrl.eval.dond.evaluator import Evaluator
+    from marti_ibrl.eval.dond.metrics import summarize_seat_averaged
+    from marti_ibrl.eval.episodes import Named
     from marti_ibrl.eval.figures import insystem_vs_fixed, load_embedder, similarity_heatmap, similarity_matrix
 
     other = roles[1 - roles.index(role)]
@@ -157,27 +135,3 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
     )
     (out / f"{role}.json").write_text(json.dumps(result, indent=1))
     return result
-
-
-def cmd_diagnose(args) -> int:
-    run_dir = Path(args.run_dir)
-    try:
-        run_config(run_dir)
-        import torch
-
-        from marti_ibrl.backend.openrlhf_glue import FrozenEngines, start_ray
-
-        device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        start_ray(3, device, log_to_driver=False)  # at most: the checkpoint, the fixed and the in-system counterpart
-        cfg = run_config(run_dir)
-        engines = FrozenEngines(device, 1, args.seed, cfg.rollout.max_len, gpu_memory_utilization=0.3)
-        result = diagnose(
-            run_dir, args.role, args.num_scenarios, args.fixed, args.scenario_seed, args.embedder, engines
-        )
-    except (FileNotFoundError, ValueError) as e:
-        print(f"marti-ibrl diagnose: error: {e}", file=sys.stderr)
-        return 2
-    for p in result["points"]:
-        print(f"step {p['checkpoint']}: agreement vs fixed {p['fixed']:.2f}, in-system {p['in_system']}")
-    print(f"wrote {run_dir / 'diagnostics' / (args.role + '.json')} and figures in {run_dir / 'figures'}")
-    return 0

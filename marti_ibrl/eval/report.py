@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from statistics import mean
 
-from marti_ibrl.eval.dond_metrics import mismatch, summarize_seat_averaged
-from marti_ibrl.eval.evaluator import read_episodes
+from marti_ibrl.eval.dond.metrics import mismatch, summarize_seat_averaged
+from marti_ibrl.eval.episodes import read_episodes
 
 KINDS = ("in-system", "self-play", "cross-play", "held-out")
 

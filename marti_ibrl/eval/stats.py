@@ -77,7 +77,6 @@ def gee_vs_reference(
     Wald on the log-OR scale, exponentiated), p_value (Wald, two-sided)``.  ``result.attrs`` holds the formula, the
     number of observations/clusters, the reference's n and rate and the estimated working correlation.
     """
-    import numpy as np
     import pandas as pd
     import statsmodels.api as sm
     import statsmodels.formula.api as smf
@@ -87,6 +86,43 @@ def gee_vs_reference(
     if reference is None:
         raise ValueError("reference method is required")
     covariates = (covariates,) if isinstance(covariates, str) else tuple(covariates)
+    d, ref, levels, n_clusters = _gee_frame(df, outcome, method, reference, cluster, covariates)
+
+    formula = " + ".join([f"{_Y} ~ C({_M}, Treatment(reference={ref!r}))", *covariates])
+    model = smf.gee(
+        formula,
+        groups=_G,
+        data=d,
+        family=sm.families.Binomial(),
+        cov_struct=sm.cov_struct.Exchangeable(),
+    )
+    res = model.fit(cov_type="robust")  # sandwich SEs (the statsmodels default, stated explicitly)
+    if int(res.nobs) != len(d):
+        raise ValueError(f"{len(d) - int(res.nobs)} rows dropped by the formula (missing covariate values?)")
+
+    rows = _method_rows(res, d, levels, ref)
+    out = pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
+    ref_sel = d[_M] == ref
+    out.attrs.update(
+        formula=formula.replace(_Y, outcome).replace(_M, method),
+        cluster=cluster,
+        n_obs=int(res.nobs),
+        n_clusters=n_clusters,
+        reference_n=int(ref_sel.sum()),
+        reference_rate=float(d.loc[ref_sel, _Y].mean()),
+        working_correlation=float(model.cov_struct.dep_params),
+        cov_type="robust",
+    )
+    return out
+
+
+def _gee_frame(
+    df: pd.DataFrame, outcome: str, method: str, reference: Any, cluster: str, covariates: tuple[str, ...]
+) -> tuple[pd.DataFrame, str, list[str], int]:
+    """:func:`gee_vs_reference`'s input checked (one ``ValueError`` with the reason for each way it can be unfit) and
+    its working frame: ``(frame with the method as text, the 0/1 outcome and integer cluster ids, the reference as
+    text, the methods in order of first appearance, the number of clusters)``."""
+    import pandas as pd
 
     missing = [c for c in (outcome, method, cluster) if c not in df.columns]
     for term in covariates:
@@ -127,18 +163,12 @@ def gee_vs_reference(
         raise ValueError(
             f"need at least 2 clusters in {cluster!r} for robust (sandwich) standard errors; got {n_clusters}"
         )
+    return d, ref, levels, n_clusters
 
-    formula = " + ".join([f"{_Y} ~ C({_M}, Treatment(reference={ref!r}))", *covariates])
-    model = smf.gee(
-        formula,
-        groups=_G,
-        data=d,
-        family=sm.families.Binomial(),
-        cov_struct=sm.cov_struct.Exchangeable(),
-    )
-    res = model.fit(cov_type="robust")  # sandwich SEs (the statsmodels default, stated explicitly)
-    if int(res.nobs) != len(d):
-        raise ValueError(f"{len(d) - int(res.nobs)} rows dropped by the formula (missing covariate values?)")
+
+def _method_rows(res: Any, d: pd.DataFrame, levels: list[str], ref: str) -> list[dict]:
+    """One result row per non-reference method of a fitted GEE (:data:`RESULT_COLUMNS`)."""
+    import numpy as np
 
     names = list(res.params.index)
     ci = np.asarray(res.conf_int(alpha=0.05))  # DataFrame or array depending on the statsmodels wrapper
@@ -166,19 +196,7 @@ def gee_vs_reference(
                 "p_value": float(res.pvalues.iloc[i]),
             }
         )
-    out = pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
-    ref_sel = d[_M] == ref
-    out.attrs.update(
-        formula=formula.replace(_Y, outcome).replace(_M, method),
-        cluster=cluster,
-        n_obs=int(res.nobs),
-        n_clusters=n_clusters,
-        reference_n=int(ref_sel.sum()),
-        reference_rate=float(d.loc[ref_sel, _Y].mean()),
-        working_correlation=float(model.cov_struct.dep_params),
-        cov_type="robust",
-    )
-    return out
+    return rows
 
 
 def holm(p_values: Sequence[float], alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:

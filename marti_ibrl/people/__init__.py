@@ -11,7 +11,7 @@ recorded TeleSales calls (paper §5.4).
 * :mod:`.annotate`: recorded calls shown blind, in an order of their own per annotator;
 * :mod:`.agreement`: Cohen's κ between annotators and against the simulator (``annotate --report``);
 * :mod:`.human_eval`: human games as eval episodes (``marti-ibrl eval --human-db``);
-* :mod:`.command`: the ``play`` and ``annotate`` subcommands.
+* the ``play`` and ``annotate`` subcommands: :mod:`marti_ibrl.commands.people`.
 
 FastAPI and uvicorn are the ``people`` extra; every module here imports without them.
 """

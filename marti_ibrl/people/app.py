@@ -165,54 +165,62 @@ def create_app(
         return Response(common, media_type="text/javascript")
 
     if game is not None:
-
-        @app.post("/api/participant")
-        def participant() -> dict[str, str]:
-            return {"participant": store.new_participant()}
-
-        @app.post("/api/games")
-        def new_game(body: dict = JSON_BODY) -> dict[str, Any]:
-            pid = str(body.get("participant", ""))
-            if not store.has_participant(pid):
-                raise Rejected("unknown participant: reload the page")
-            return {"game": game.view(store.game(game.start(store, pid)))}
-
-        @app.get("/api/games/{game_id}")
-        def show_game(participant: str, game_id: int = GAME_ID) -> dict[str, Any]:
-            row = store.game(game_id)
-            if row["participant"] != participant:
-                raise Rejected(f"game {game_id} is not yours")
-            return {"game": game.view(row)}
-
-        @app.post("/api/games/{game_id}/act")
-        def act(game_id: int = GAME_ID, body: dict = JSON_BODY) -> dict[str, Any]:
-            action = body.get("action")
-            if not isinstance(action, dict):
-                raise Rejected("no action")
-            action = {**action, "text": check_text("message", action.get("text"), max_message)}
-            participant, action_id = str(body.get("participant", "")), str(body.get("action_id", ""))
-            return store.submit(game_id, participant, action_id, lambda row: game.act(row, action))
-
+        _game_routes(app, store, game, max_message, JSON_BODY, GAME_ID)
     else:
-
-        def annotator_name(value: Any) -> str:
-            name = str(value or "")
-            if not _ANNOTATOR.match(name):
-                raise Rejected("annotator name: 1-32 letters, digits, _ . -")
-            return name
-
-        @app.get("/api/annotate/next")
-        def next_call(annotator: str) -> dict[str, Any]:
-            return annotation.next_call(annotator_name(annotator))
-
-        @app.post("/api/annotate/label")
-        def label(body: dict = JSON_BODY) -> dict[str, Any]:
-            name = annotator_name(body.get("annotator"))
-            note = check_text("note", body.get("note"), max_message)
-            stored = store.label(name, str(body.get("call_id", "")), str(body.get("label", "")), note)
-            return {**stored, **annotation.next_call(name)}
-
+        _annotation_routes(app, store, annotation, max_message, JSON_BODY)
     return app
+
+
+def _game_routes(app, store: Store, game: Any, max_message: int, json_body: Any, game_id_param: Any) -> None:
+    """The play page's API: a participant, their games, their actions (``store.submit``: once per ``action_id``)."""
+
+    @app.post("/api/participant")
+    def participant() -> dict[str, str]:
+        return {"participant": store.new_participant()}
+
+    @app.post("/api/games")
+    def new_game(body: dict = json_body) -> dict[str, Any]:
+        pid = str(body.get("participant", ""))
+        if not store.has_participant(pid):
+            raise Rejected("unknown participant: reload the page")
+        return {"game": game.view(store.game(game.start(store, pid)))}
+
+    @app.get("/api/games/{game_id}")
+    def show_game(participant: str, game_id: int = game_id_param) -> dict[str, Any]:
+        row = store.game(game_id)
+        if row["participant"] != participant:
+            raise Rejected(f"game {game_id} is not yours")
+        return {"game": game.view(row)}
+
+    @app.post("/api/games/{game_id}/act")
+    def act(game_id: int = game_id_param, body: dict = json_body) -> dict[str, Any]:
+        action = body.get("action")
+        if not isinstance(action, dict):
+            raise Rejected("no action")
+        action = {**action, "text": check_text("message", action.get("text"), max_message)}
+        participant, action_id = str(body.get("participant", "")), str(body.get("action_id", ""))
+        return store.submit(game_id, participant, action_id, lambda row: game.act(row, action))
+
+
+def _annotation_routes(app, store: Store, annotation: Any, max_message: int, json_body: Any) -> None:
+    """The annotation page's API: the next call to label for an annotator, and a label (with its note)."""
+
+    def annotator_name(value: Any) -> str:
+        name = str(value or "")
+        if not _ANNOTATOR.match(name):
+            raise Rejected("annotator name: 1-32 letters, digits, _ . -")
+        return name
+
+    @app.get("/api/annotate/next")
+    def next_call(annotator: str) -> dict[str, Any]:
+        return annotation.next_call(annotator_name(annotator))
+
+    @app.post("/api/annotate/label")
+    def label(body: dict = json_body) -> dict[str, Any]:
+        name = annotator_name(body.get("annotator"))
+        note = check_text("note", body.get("note"), max_message)
+        stored = store.label(name, str(body.get("call_id", "")), str(body.get("label", "")), note)
+        return {**stored, **annotation.next_call(name)}
 
 
 def bind(host: str, port: int) -> socket.socket:

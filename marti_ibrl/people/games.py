@@ -20,11 +20,12 @@ endpoint after its retries) ends it as ``counterpart_failure`` (``failed``).
 
 from __future__ import annotations
 
+import argparse
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from marti_ibrl.envs.dond import DondEnv
+from marti_ibrl.envs.dond import DondEnv, generate_scenarios, load_lewis_file
 from marti_ibrl.envs.dond.game import complement
 from marti_ibrl.envs.dond.protocol import DISAGREE, format_selection, parse_utterance
 from marti_ibrl.envs.dond.scenarios import DondScenario
@@ -350,3 +351,27 @@ class TeleSalesGame(Game):
             o = game["outcome"]
             out["result"] = {"success": o["agreed"], "reason": o["info"]["reason"], "outcome": o["info"]["outcome"]}
         return out
+
+
+def dond_game(args: argparse.Namespace, seat: Callable[[], Any], name: str):
+    """The person plays one seat of two-party DoND against ``seat()`` (``marti-ibrl play --env dond``)."""
+    env = DondEnv(max_rounds=args.max_rounds, prompt_style=args.prompt_style, show_complement=args.show_complement)
+    if args.data:
+        scenarios = load_lewis_file(args.data)[: args.num_scenarios]
+    else:
+        scenarios = generate_scenarios(args.num_scenarios, args.scenario_seed)
+    return DondGame(env, seat(), name, scenarios)
+
+
+def telesales_game(args: argparse.Namespace, seat: Callable[[], Any], name: str):
+    """The person is the customer of a TeleSales call with ``seat()`` selling (``marti-ibrl play --env telesales``)."""
+    from marti_ibrl.envs.telesales.profiles import generate_profiles, read_jsonl
+
+    if args.policy.split(":")[0] in ("bot", "heldout"):
+        raise ValueError(f"--policy {args.policy}: scripted bots play Deal-or-No-Deal only; for TeleSales give a "
+                         "checkpoint or an endpoint")  # fmt: skip
+    if args.data:
+        profiles = read_jsonl(args.data, "eval")[: args.num_scenarios]
+    else:
+        profiles = generate_profiles(args.num_scenarios, args.scenario_seed, "eval")
+    return TeleSalesGame(HumanCallEnv(sales_mode="checkpoint", lang=args.lang), seat(), name, profiles)

@@ -328,41 +328,69 @@ def _peft_name(name: str) -> str:
     return name.replace("/", "__").replace(".", "_")
 
 
-def vllm_engine_class(kv_sequences: int = 64, lora: dict | None = None):
+def _on_cpu(kwargs: dict, kv_sequences: int) -> None:
+    """vLLM-CPU engine arguments (in place): no sleep mode, a KV cache of ``kv_sequences`` full-length sequences, the
+    worker in the engine-core process, whole prompts per step."""
+    import os
+
+    # vLLM-CPU refuses sleep mode ("Sleep mode is not supported on current platform") and its worker
+    # ignores sleep/wake calls: a colocated run makes them all the same (marti_ibrl/colocate.py)
+    kwargs["enable_sleep_mode"] = False
+    if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vLLM's default: a share of RAM, ~9 GB here
+        kwargs.setdefault(
+            "kv_cache_memory_bytes",
+            cpu_kv_cache_bytes(kwargs["model"], kwargs["max_model_len"], kv_sequences),
+        )
+    # the worker runs inside the engine-core process (vLLM's "uni" executor), not in a third process
+    # of ~1 GB per engine; vLLM's MP executor exists on CPU to pin OpenMP threads, which we keep at one
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # whole prompts per step: a seeded request whose prefill is split across steps ends vLLM-CPU's engine
+    # ("CPU Generator does not use offset", gpu_model_runner._bookkeeping_sync), e.g. 64 x 200 tokens
+    kwargs.setdefault("enable_chunked_prefill", False)
+    kwargs.setdefault("max_num_batched_tokens", max(8192, kwargs["max_model_len"]))
+
+
+def _sampling_params(sampling: dict, i: int):
+    """vLLM's ``SamplingParams`` for the ``i``-th prompt of a batch (its seed: the batch's + ``i``), with the sampled
+    tokens' log-probs."""
+    from vllm import SamplingParams
+
+    seed = sampling.get("seed")
+    return SamplingParams(
+        temperature=float(sampling.get("temperature", 1.0)),
+        top_p=float(sampling.get("top_p", 1.0)),
+        max_tokens=int(sampling["max_new_tokens"]),
+        logprobs=0,
+        seed=None if seed is None else int(seed) + i,
+    )
+
+
+def _completion(c) -> dict:
+    """A vLLM ``CompletionOutput`` as the engine protocol returns it: token ids, their log-probs, finish reason."""
+    ids = list(c.token_ids)
+    lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])] if c.logprobs else [0.0] * len(ids)
+    return {"token_ids": ids, "logprobs": lps, "finish_reason": c.finish_reason or "length"}
+
+
+def vllm_engine_class(device: str, kv_sequences: int = 64, lora: dict | None = None):
     """OpenRLHF's vLLM ``RolloutRayActor`` plus this protocol (imports vllm lazily); its workers run
     :class:`marti_ibrl.rollout.vllm_worker.EngineWorkerExtension` (OpenRLHF's ``WorkerWrap`` and more). On CPU its
     KV cache holds ``kv_sequences`` full-length sequences (:func:`cpu_kv_cache_bytes`). ``lora``: vLLM's LoRA
     settings (``max_loras``, ``max_lora_rank``, ``max_cpu_loras``) for a LoRA role's engines, which serve every
-    request with an adapter (``LoRARequest``)."""
+    request with an adapter (``LoRARequest``). ``device``: the run's (:func:`marti_ibrl.device.resolve_device`)."""
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
     base = RolloutRayActor.__ray_actor_class__
 
     class VLLMRolloutEngine(base):
         async def __init__(self, *args, **kwargs):
-            import os
-
             kwargs["worker_extension_cls"] = "marti_ibrl.rollout.vllm_worker.EngineWorkerExtension"
             if lora is not None:
                 kwargs.update(enable_lora=True, **lora)
             self.adapter_hashes: dict[str, dict[str, bytes]] = {}
             self.served: dict[str, int] = {}
-            if not torch.cuda.is_available():
-                # vLLM-CPU refuses sleep mode ("Sleep mode is not supported on current platform") and its worker
-                # ignores sleep/wake calls: a colocated run makes them all the same (marti_ibrl/colocate.py)
-                kwargs["enable_sleep_mode"] = False
-                if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vLLM's default: a share of RAM, ~9 GB here
-                    kwargs.setdefault(
-                        "kv_cache_memory_bytes",
-                        cpu_kv_cache_bytes(kwargs["model"], kwargs["max_model_len"], kv_sequences),
-                    )
-                # the worker runs inside the engine-core process (vLLM's "uni" executor), not in a third process
-                # of ~1 GB per engine; vLLM's MP executor exists on CPU to pin OpenMP threads, which we keep at one
-                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-                # whole prompts per step: a seeded request whose prefill is split across steps ends vLLM-CPU's engine
-                # ("CPU Generator does not use offset", gpu_model_runner._bookkeeping_sync), e.g. 64 x 200 tokens
-                kwargs.setdefault("enable_chunked_prefill", False)
-                kwargs.setdefault("max_num_batched_tokens", max(8192, kwargs["max_model_len"]))
+            if device == "cpu":
+                _on_cpu(kwargs, kv_sequences)
             await super().__init__(*args, **kwargs)
 
         def _configure_device_env(self, backend, bundle_indices, num_gpus):
@@ -375,32 +403,16 @@ def vllm_engine_class(kv_sequences: int = 64, lora: dict | None = None):
         async def generate_batch(
             self, prompts: list[list[int]], sampling: dict, session_ids=None, adapter: dict | None = None
         ) -> list[dict]:
-            from vllm import SamplingParams
-
-            seed = sampling.get("seed")
             lora_request = self._lora_request(adapter)
             name = adapter["name"] if adapter else "base"
             self.served[name] = self.served.get(name, 0) + len(prompts)
-
-            def params(i: int):
-                return SamplingParams(
-                    temperature=float(sampling.get("temperature", 1.0)),
-                    top_p=float(sampling.get("top_p", 1.0)),
-                    max_tokens=int(sampling["max_new_tokens"]),
-                    logprobs=0,
-                    seed=None if seed is None else int(seed) + i,
-                )
-
             outs = await asyncio.gather(
-                *(self.generate(p, params(i), lora_request=lora_request) for i, p in enumerate(prompts))
+                *(
+                    self.generate(p, _sampling_params(sampling, i), lora_request=lora_request)
+                    for i, p in enumerate(prompts)
+                )
             )
-            results = []
-            for o in outs:
-                c = o.outputs[0]
-                ids = list(c.token_ids)
-                lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])] if c.logprobs else [0.0] * len(ids)
-                results.append({"token_ids": ids, "logprobs": lps, "finish_reason": c.finish_reason or "length"})
-            return results
+            return [_completion(o.outputs[0]) for o in outs]
 
         async def end_sessions(self, session_ids) -> None:
             return None  # vLLM's prefix cache is keyed by content and evicts by itself
@@ -448,7 +460,6 @@ def vllm_engine_class(kv_sequences: int = 64, lora: dict | None = None):
 
 
 def create_engines(
-    role_args,
     pretrain: str,
     seed: int,
     use_vllm: bool,
@@ -456,6 +467,9 @@ def create_engines(
     tp: int,
     max_len: int,
     dtype: str = "bf16",
+    *,
+    device: str,
+    gpu_memory_utilization: float = 0.5,
     prefix_caching: bool = True,
     kv_sequences: int = 64,
     lora: dict | None = None,
@@ -469,15 +483,16 @@ def create_engines(
     sleep (``vllm_enable_sleep``; on CPU the engine class drops the mode, which vLLM-CPU refuses, and the sleep
     call is ignored there).
 
-    ``lora``: a LoRA role's adapter settings (:func:`marti_ibrl.backend.openrlhf_glue.engine_lora`), else None.
+    ``lora``: a LoRA role's adapter settings (:func:`marti_ibrl.backend.args.engine_lora`), else None.
     ``kv_sequences``: the full-length sequences one engine's KV cache holds on CPU (:func:`cpu_kv_cache_bytes`; a
     training engine needs its share of the iteration's dialogues, an evaluation engine its batch).
     ``dtype`` (``bf16``/``fp16``/``fp32``) is the trainer's parameter dtype: vLLM engines serve in it, since the
     weight broadcast sends the trainer's tensors as they are (patch 0008). vLLM's prefix caching is on (a dialogue's
     next turn extends its previous prompt + reply; ``benchmarks/rollout_engines.py`` measures it); the HF engine
     caches per dialogue seat instead. On CPU vLLM runs eagerly: compiling the graph costs minutes on 2 cores.
+    ``device``: the run's (``cpu`` or ``cuda``: :func:`marti_ibrl.device.resolve_device`).
+    ``gpu_memory_utilization``: vLLM's share of each GPU (``--roleN.gpu_memory_utilization`` for a role's engines).
     """
-    import torch
     from openrlhf.trainer.ray.vllm_engine import create_vllm_engines
 
     return create_vllm_engines(
@@ -487,13 +502,13 @@ def create_engines(
         seed,
         full_determinism=False,
         enable_prefix_caching=prefix_caching and use_vllm,
-        enforce_eager=not (use_vllm and torch.cuda.is_available()),
+        enforce_eager=not (use_vllm and device == "cuda"),
         max_model_len=max_len,
         shared_pg=shared_pg,
-        gpu_memory_utilization=role_args.vllm.gpu_memory_utilization,
+        gpu_memory_utilization=gpu_memory_utilization,
         vllm_enable_sleep=sleep,
         logprobs_mode="processed_logprobs" if use_vllm else None,
-        engine_cls=vllm_engine_class(kv_sequences, lora) if use_vllm else hf_engine_class(lora),
+        engine_cls=vllm_engine_class(device, kv_sequences, lora) if use_vllm else hf_engine_class(lora),
         dtype=VLLM_DTYPES[dtype],
     )
 

@@ -23,7 +23,7 @@
 #       sbatch recipes/telesales/qwen3.5-4b-colocated.sh [--section.key VALUE ...]
 #   (same variables) bash recipes/telesales/qwen3.5-4b-colocated.sh --plan  # placement + memory; no GPU, no Ray
 #
-# SALES_MODEL, CUSTOMER_MODEL  (required) the two roles' SFT checkpoints (marti-ibrl sft; paper: ~50K real calls)
+# SALES_MODEL, CUSTOMER_MODEL  (required) the two roles' SFT checkpoints (marti-ibrl telesales sft; paper: ~50K real calls)
 # JUDGE_BASE_URL, JUDGE_MODEL  (required) OpenAI-compatible endpoint of the reward judges (paper: DeepSeek V4 Pro)
 # JUDGE_API_KEY_ENV            (optional) NAME of the environment variable holding the judge's API key
 # TELESALES_PROFILES           (optional) training profiles, JSONL (marti-ibrl telesales profiles --split train

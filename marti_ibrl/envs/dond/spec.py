@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marti_ibrl.envs.registry import EnvSpec
+from marti_ibrl.envs.spec import EnvSpec
 
 
 def make_dond(cfg: Any, seed: int) -> tuple[Any, list[tuple[str, Any]]]:
@@ -63,6 +63,20 @@ def add_commands(subparsers: Any) -> None:
     add_dond_subparsers(subparsers)
 
 
+def evaluate(args: Any) -> int:
+    """``marti-ibrl eval --env dond`` (:mod:`marti_ibrl.eval.dond.command`)."""
+    from marti_ibrl.eval.dond.command import evaluate as run
+
+    return run(args)
+
+
+def play_game(args: Any, seat: Any, name: str) -> Any:
+    """A person's seat of two-party DoND (``marti-ibrl play --env dond``, :mod:`marti_ibrl.people`)."""
+    from marti_ibrl.people.games import dond_game
+
+    return dond_game(args, seat, name)
+
+
 DOND = EnvSpec(
     name="dond",
     title="two-party dond",
@@ -71,6 +85,8 @@ DOND = EnvSpec(
     commands=add_commands,
     options=frozenset({"show_complement"}),
     training_bots=training_bots,
+    evaluate=evaluate,
+    play=play_game,
     interchangeable_roles=True,
 )
 DOND3 = EnvSpec(

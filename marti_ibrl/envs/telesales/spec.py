@@ -3,7 +3,7 @@
 
 The call ends at ``2 * --env.max_rounds`` turns; scenarios are customer profiles, read from ``--env.data``
 (``marti-ibrl telesales profiles --split train``) or generated. ``--env.lang`` must name a prompt language. Its
-subcommands are ``marti-ibrl telesales profiles / eval`` and ``marti-ibrl sft`` (:mod:`marti_ibrl.commands.telesales`).
+subcommands are ``marti-ibrl telesales sft / profiles / eval`` (and ``sft``, its old name) (:mod:`marti_ibrl.commands.telesales`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from marti_ibrl.envs.registry import EnvSpec
+from marti_ibrl.envs.spec import EnvSpec
 from marti_ibrl.reward_types import JUDGE
 
 
@@ -34,7 +34,7 @@ def make_judges(judge_cfg: Any, env_cfg: Any, roles: Sequence[str]) -> tuple[Any
 
 def check(cfg: Any) -> None:
     """``--env.lang`` names a language the TeleSales prompts exist in."""
-    from marti_ibrl.config import ConfigError
+    from marti_ibrl.config.schema import ConfigError
     from marti_ibrl.envs.telesales.prompts import languages
 
     if cfg.env.lang not in languages():
@@ -48,6 +48,13 @@ def add_commands(subparsers: Any) -> None:
     add_telesales_parsers(subparsers)
 
 
+def play_game(args: Any, seat: Any, name: str) -> Any:
+    """A person as the customer of a call (``marti-ibrl play --env telesales``, :mod:`marti_ibrl.people`)."""
+    from marti_ibrl.people.games import telesales_game
+
+    return telesales_game(args, seat, name)
+
+
 TELESALES = EnvSpec(
     name="telesales",
     title="Vehicle TeleSales",
@@ -57,5 +64,6 @@ TELESALES = EnvSpec(
     judges=make_judges,
     check=check,
     commands=add_commands,
+    play=play_game,
 )
 SPECS = (TELESALES,)

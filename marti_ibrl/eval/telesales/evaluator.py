@@ -47,7 +47,8 @@ from typing import Any
 from tqdm import tqdm
 
 from marti_ibrl.envs.telesales.profiles import profile_id
-from marti_ibrl.eval.evaluator import _ends_mid_line, read_episodes
+from marti_ibrl.eval.episodes import ends_mid_line as ends_mid_line
+from marti_ibrl.eval.episodes import read_episodes
 from marti_ibrl.eval.telesales.agents import Auditor, PromptedSalesAgent, UserSimulator, compile_stories
 from marti_ibrl.eval.telesales.env import EvalCase, TeleSalesEvalEnv
 from marti_ibrl.eval.telesales.metrics import summarize, table_markdown
@@ -145,7 +146,7 @@ def story_failure_record(
 class TeleSalesEvaluator:
     """Plays sales policies against one user simulator on a fixed list of evaluation profiles (module doc).
 
-    ``engines``: a :class:`~marti_ibrl.backend.openrlhf_glue.FrozenEngines` for checkpoints (None: endpoints only).
+    ``engines``: a :class:`~marti_ibrl.backend.stack.FrozenEngines` for checkpoints (None: endpoints only).
     ``sampling``: the policy's sampling (temperature, top_p, max_new_tokens; engines and endpoints alike).
     ``batch``: episodes per runner call (its sampling seed; default ``4 * concurrency``); each call is written as it ends.
     """
@@ -212,7 +213,7 @@ class TeleSalesEvaluator:
         policy, env = self._policy(name, sales) if playable else (None, None)
         try:
             with out.open("a", encoding="utf-8") as f:
-                if _ends_mid_line(out):  # killed mid-write: start on a fresh line (the partial one is ignored)
+                if ends_mid_line(out):  # killed mid-write: start on a fresh line (the partial one is ignored)
                     f.write("\n")
                 for p in todo:
                     failure = stories[profile_id(p)]

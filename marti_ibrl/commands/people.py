@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from typing import Any
 
 
@@ -43,6 +42,14 @@ def _check_limits(args: argparse.Namespace) -> None:
                          f"{args.max_message_chars}; expected at least {room}")  # fmt: skip
 
 
+def playable_envs() -> list[str]:
+    """The environments a person can play (``play --env``): those whose :class:`~marti_ibrl.envs.spec.EnvSpec` has a
+    ``play`` hook. What a person plays is the env's own (DoND: an agent's seat; TeleSales: the customer)."""
+    from marti_ibrl.envs import registry
+
+    return [spec.name for spec in registry.specs() if spec.play is not None]
+
+
 def add_people_parsers(subparsers: Any) -> None:
     play = subparsers.add_parser(
         "play",
@@ -53,7 +60,7 @@ def add_people_parsers(subparsers: Any) -> None:
     play.add_argument(
         "--policy", required=True, help="PATH | checkpoint:PATH | endpoint:MODEL@URL[#KEY_ENV] | bot:NAME"
     )
-    play.add_argument("--env", required=True, choices=sorted(GAMES))
+    play.add_argument("--env", required=True, choices=playable_envs(), help="an environment a person can play")
     _bind_arguments(play)
     play.add_argument("--name", default=None, help="the policy's name in the tables (default: from --policy)")
     play.add_argument("-n", "--num-scenarios", type=int, default=100, help="scenarios / evaluation profiles to cycle")
@@ -97,48 +104,18 @@ def _missing_web() -> str | None:
     return None
 
 
-def _dond_game(args: argparse.Namespace, seat: Callable[[], Any], name: str):
-    from marti_ibrl.envs.dond import DondEnv, generate_scenarios, load_lewis_file
-    from marti_ibrl.people.games import DondGame
-
-    env = DondEnv(max_rounds=args.max_rounds, prompt_style=args.prompt_style, show_complement=args.show_complement)
-    if args.data:
-        scenarios = load_lewis_file(args.data)[: args.num_scenarios]
-    else:
-        scenarios = generate_scenarios(args.num_scenarios, args.scenario_seed)
-    return DondGame(env, seat(), name, scenarios)
-
-
-def _telesales_game(args: argparse.Namespace, seat: Callable[[], Any], name: str):
-    from marti_ibrl.envs.telesales.profiles import generate_profiles, read_jsonl
-    from marti_ibrl.people.games import HumanCallEnv, TeleSalesGame
-
-    if args.policy.split(":")[0] in ("bot", "heldout"):
-        raise ValueError(f"--policy {args.policy}: scripted bots play Deal-or-No-Deal only; for TeleSales give a "
-                         "checkpoint or an endpoint")  # fmt: skip
-    if args.data:
-        profiles = read_jsonl(args.data, "eval")[: args.num_scenarios]
-    else:
-        profiles = generate_profiles(args.num_scenarios, args.scenario_seed, "eval")
-    return TeleSalesGame(HumanCallEnv(sales_mode="checkpoint", lang=args.lang), seat(), name, profiles)
-
-
-# The environments a person can play (``play --env``), each with the builder of its game from ``play``'s arguments,
-# the policy's seat (loaded on call, after the arguments are checked) and its name. What a person plays is specific
-# to each env (DoND: an agent's seat; TeleSales: the customer), so this table, not the env registry, lists them.
-GAMES = {"dond": _dond_game, "telesales": _telesales_game}
-
-
 def build_game(args: argparse.Namespace):
     """The :class:`~.games.Game` of ``play``'s arguments (the policy's seat loaded)."""
-    from marti_ibrl.eval.evaluator import parse_named
+    from marti_ibrl.eval.episodes import parse_named
     from marti_ibrl.people.seat import make_seat
 
     if args.num_scenarios < 1:
         raise ValueError("-n must be >= 1")
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
     name = args.name or parse_named(args.policy).name
-    return GAMES[args.env](args, lambda: make_seat(args.policy, sampling, args.seed), name)
+    from marti_ibrl.envs import registry
+
+    return registry.get(args.env).play(args, lambda: make_seat(args.policy, sampling, args.seed), name)
 
 
 def cmd_play(args: argparse.Namespace) -> int:

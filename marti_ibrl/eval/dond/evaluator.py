@@ -5,7 +5,7 @@ A *policy* is an HF checkpoint served by the same rollout engines as training (v
 on CPU). A *counterpart* is another checkpoint, an OpenAI-compatible endpoint, a scripted bot, or a
 held-out scripted bot (``heldout:NAME``, code and strategies disjoint from every training bot).
 Each scenario is played with the policy in both seats (as ``agent1`` with agent1's private values and as
-``agent2``), openers alternating across scenarios; malformed turns are re-sampled twice and then scored
+``agent2``), openers alternating across scenarios; malformed turns are re-sampled (``max_resamples``) and then scored
 as no deal, exactly as in training (the same :class:`~marti_ibrl.rollout.runner.DialogueRunner`).
 
 Every finished episode is appended to ``OUT/episodes/POLICY__COUNTERPART.jsonl`` as soon as it ends (one line:
@@ -22,60 +22,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from marti_ibrl.eval.episodes import SELF, Named, ends_mid_line, read_episodes
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.runner import DialogueRunner, Policy
-
-SELF = "self"
-_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
-
-
-@dataclass(frozen=True)
-class Named:
-    """``NAME=SPEC`` from the command line (the name labels tables and files)."""
-
-    name: str
-    spec: str
-
-
-def parse_named(text: str, default_prefix: str = "") -> Named:
-    """``NAME=SPEC`` or a bare ``SPEC`` (named after its last path component / bot name)."""
-    name, eq, spec = text.partition("=")
-    if not eq or ":" in name or "/" in name:
-        spec = text
-        if spec.startswith("endpoint:"):  # endpoint:MODEL@URL: the model, not the URL's last path component
-            tail = spec.removeprefix("endpoint:").split("@")[0]
-        else:
-            tail = spec.rstrip("/").split("/")[-1].split(":")[-1]
-        name = f"{default_prefix}{tail}" if default_prefix else tail
-    name = re.sub(r"[^A-Za-z0-9_.+-]", "_", name)
-    if not _NAME.match(name):
-        raise ValueError(f"bad name in {text!r}: use NAME=SPEC with NAME of letters, digits, _ . + -")
-    return Named(name, spec)
 
 
 def episode_id(uid: str, policy_role: str, sample: int) -> str:
     return f"{uid}|{policy_role}|{sample}"
-
-
-def read_episodes(path: Path) -> list[dict]:
-    """Episodes of a JSONL file; a truncated last line (killed mid-write) is ignored."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 def episode_record(traj: Trajectory, policy: str, counterpart: str, policy_role: str, roles: Sequence[str]) -> dict:
@@ -215,7 +174,7 @@ class Evaluator:
         files = [out.open("a") for _, out in counterparts]
         try:
             for (_, out), f in zip(counterparts, files):
-                if _ends_mid_line(out):  # killed mid-write: start on a fresh line (the partial one is ignored)
+                if ends_mid_line(out):  # killed mid-write: start on a fresh line (the partial one is ignored)
                     f.write("\n")
             per_run = max(1, self.chunk * self.flush_every // samples)  # scenario-seats per runner call
             for start in range(0, len(todo), per_run):
@@ -293,15 +252,6 @@ class Evaluator:
         """Seat order: agent1 opens on even scenarios, agent2 on odd ones (so each seat opens half the time)."""
         shift = scenario_index % len(self.roles)
         return self.roles[shift:] + self.roles[:shift]
-
-
-def _ends_mid_line(path: Path) -> bool:
-    """Whether a non-empty file's last line has no newline."""
-    if path.stat().st_size == 0:
-        return False
-    with path.open("rb") as f:
-        f.seek(-1, 2)
-        return f.read(1) != b"\n"
 
 
 def _by_scenario(trajs: Sequence[Trajectory], samples: int) -> Iterator[list[Trajectory]]:

@@ -1,0 +1,121 @@
+"""Ray for a run: started here, or joined (a Slurm allocation, ``--ray.address``) and waited for until its nodes are up;
+actors killed on the way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import ray
+
+from marti_ibrl.config import Config, ConfigError
+from marti_ibrl.placement import device_slots
+from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, ray_env_vars, share_one_gpu
+
+
+def init_ray(cfg: Config, device: str) -> None:
+    """Connect to a cluster (``ray.address``) or start a local Ray with the job's device slots
+    (:func:`marti_ibrl.placement.device_slots`, the placement ``marti-ibrl plan`` prints)."""
+    start_ray(device_slots(cfg), device, cfg.ray.address, cfg.ray.num_cpus, cfg.ray.log_to_driver)
+
+
+def wait_for_cluster(address: str, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for the Ray cluster at ``address`` (``host:port``, ``auto``, ``ray://host:port``)
+    to accept a TCP connection; a ConfigError naming ``--ray.address`` when it does not (Ray's own client retries
+    for minutes). A port that answers but is not Ray's is left to ``ray.init`` to find out."""
+    import socket
+    import time
+
+    from ray._private.services import canonicalize_bootstrap_address  # how ray.init reads `auto` and RAY_ADDRESS
+
+    flag = f"--ray.address {address}"
+    try:
+        target = canonicalize_bootstrap_address(address) if address == "auto" else address.removeprefix("ray://")
+    except (ConnectionError, ValueError) as e:  # `auto` with no cluster on this machine; a malformed address
+        raise ConfigError(f"{flag}: {' '.join(str(e).split())[:300]}") from None
+    host, _, port = (target or "").rpartition(":")
+    if not host or not port.isdigit():
+        return  # "local" (ray.init starts one), or a form only Ray knows
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.1, min(5.0, timeout))).close()
+            return
+        except OSError as e:
+            error = e
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"{flag}: nothing answers at {host}:{port} after {timeout:g} s ({error.strerror or error}); start the "
+                "cluster's head first (ray start --head), or wait longer with --ray.connect_timeout SECONDS"
+            )
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def start_ray(
+    slots: int, device: str, address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True
+) -> None:
+    """Connect to ``address`` or start a local Ray; on CPU, declare one logical device per slot.
+
+    On a cluster the job's GPUs are checked first: OpenRLHF's placement groups would otherwise wait forever for
+    GPUs that are not there. With ``MARTI_IBRL_SHARE_ONE_GPU=1`` (benchmarks/gpu_smoke.sh) a local Ray declares
+    one logical GPU per slot and every process uses the one visible GPU (a smoke test of the GPU code path on a
+    single device; real runs give every component GPUs of its own).
+    """
+    if ray.is_initialized():
+        return
+    env_vars = ray_env_vars()  # NCCL_CUMEM_ENABLE only as the user set it (OpenRLHF sets it where vLLM needs it)
+    if not log_to_driver:
+        import logging
+
+        for name in list(logging.root.manager.loggerDict):  # OpenRLHF's per-step INFO lines in the driver
+            if name.split(".")[0] == "openrlhf":
+                logging.getLogger(name).setLevel(logging.WARNING)
+    if device == "cpu":
+        # Each "GPU" is a scheduling slot for one actor or engine process: the placement code is the
+        # GPU code, unchanged. Processes share the cores, one thread each (on a Ray cluster too).
+        env_vars["OMP_NUM_THREADS"] = "1"
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=log_to_driver)
+        have = ray.cluster_resources().get("GPU", 0)
+        if have < slots:  # on CPU the slots are logical GPUs the cluster's nodes declare (ray start --num-gpus)
+            ray.shutdown()
+            what = "GPUs" if device != "cpu" else "device slots (logical GPUs: `ray start --num-gpus` on CPU nodes)"
+            raise RuntimeError(
+                f"--ray.address {address}: the job needs {slots} {what} (see `marti-ibrl plan` with the same flags), "
+                f"the Ray cluster has {have:g}: OpenRLHF's placement groups would wait for them forever"
+            )
+        return
+    kwargs = {"num_cpus": num_cpus}
+    if device == "cpu":
+        kwargs = {"num_cpus": num_cpus or slots + 2, "num_gpus": slots, "logging_level": "ERROR"}
+    visible = None
+    if device == "cuda" and share_one_gpu():
+        # Ray must neither refuse more logical GPUs than CUDA_VISIBLE_DEVICES lists nor point actors at them:
+        # the raylet starts without it, the processes get it back (and keep it: NOSET).
+        env_vars.update({"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", SHARE_ONE_GPU_ENV: "1"})
+        kwargs = {"num_cpus": num_cpus or slots + 2, "num_gpus": slots}
+        visible = os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        if visible is not None:
+            env_vars["CUDA_VISIBLE_DEVICES"] = visible
+    try:
+        # address="local": always a Ray of our own; never an earlier `ray start` cluster on this machine, which
+        # Ray would otherwise join through /tmp/ray/ray_current_cluster, even when that cluster is long dead
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            runtime_env={"env_vars": env_vars},
+            log_to_driver=log_to_driver,
+            **kwargs,
+        )
+    finally:
+        if visible is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
+
+
+def kill_actors(handles) -> None:
+    """``ray.kill`` each actor. Ray's own teardown at the driver's exit stops the raylet first and leaves each
+    worker to notice; a rank spinning in a native collective never does and outlives the run."""
+    for handle in handles:
+        with contextlib.suppress(Exception):  # already dead (a lost node), or Ray itself is gone
+            ray.kill(handle, no_restart=True)

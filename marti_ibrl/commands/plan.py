@@ -1,0 +1,57 @@
+"""``marti-ibrl plan``: the dry run of a recipe's flags on an allocation (:func:`marti_ibrl.plan.make_plan`), printed;
+exit 2 when the job does not fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from marti_ibrl.config import ConfigError
+from marti_ibrl.plan import MODEL_TABLE, PlanError, format_plan, make_plan, parse_flags
+
+
+def add_plan_parser(sub) -> None:
+    plan = sub.add_parser(
+        "plan",
+        help="dry run: GPUs and memory per component for a recipe's flags (no GPU, no Ray)",
+        description="Flags as for train (--config FILE.yaml, --section.key VALUE, --roleN.key VALUE), plus the "
+        "allocation below. Exit 2 when the job does not fit.",
+        allow_abbrev=False,
+    )
+    plan.add_argument("--nodes", type=int, default=None, help="nodes of the allocation (default: as many as needed)")
+    plan.add_argument("--gpus-per-node", type=int, default=8, help="default: 8")
+    plan.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default: 80)")
+    plan.add_argument(
+        "--model-config",
+        default=None,
+        help=f"model size when a checkpoint path does not exist here: {' | '.join(MODEL_TABLE)} | PATH/config.json",
+    )
+    plan.add_argument("--strict", action="store_true", help="checkpoints, data files and variables must exist")
+    plan.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    def fail(message: str) -> int:
+        print(f"marti-ibrl plan: error: {message}", file=sys.stderr)
+        return 2
+
+    flags = list(args.flags)
+    try:
+        cfg, assumed = parse_flags(flags, args.strict)
+        config_file = flags[flags.index("--config") + 1] if "--config" in flags else None
+        p = make_plan(
+            cfg,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            gpu_memory_gib=args.gpu_memory,
+            model_config=args.model_config,
+            config_file=config_file,
+            assumed=assumed,
+        )
+    except (ConfigError, PlanError) as e:
+        return fail(str(e))
+    print(format_plan(p))
+    if p.problems:
+        return fail("does not fit: " + "; ".join(p.problems))
+    return 0

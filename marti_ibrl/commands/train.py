@@ -1,0 +1,48 @@
+"""``marti-ibrl train``: IB-RL training (Ray + DeepSpeed) of the validated config of its flags
+(:func:`marti_ibrl.config.load_config`); exit 2 for a config error, 3 for a lost node, 4 for a stopped run (the last
+commit intact in both)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from marti_ibrl.config import ConfigError, load_config
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    def fail(e: ConfigError) -> int:
+        print(f"marti-ibrl train: error: {e}", file=sys.stderr)
+        return 2
+
+    try:
+        cfg = load_config(args.flags)
+        from marti_ibrl.device import check_device_dtype, resolve_device
+
+        # before the trainer's imports (Ray, DeepSpeed) print anything
+        check_device_dtype(cfg.ds.param_dtype, resolve_device(cfg.train.device))
+    except ConfigError as e:
+        return fail(e)
+    from marti_ibrl.backend.nodes import NodeLostError
+    from marti_ibrl.trainer import TrainingStopped, train
+
+    try:
+        train(cfg)  # the trainer's own checks (prompts that fit --rollout.max_len) come before Ray starts
+    except ConfigError as e:
+        return fail(e)
+    except NodeLostError as e:  # the cluster lost a node: resumable from the last commit (the message says how)
+        print(f"marti-ibrl train: error: {e}", file=sys.stderr)
+        return 3
+    except TrainingStopped as e:  # NaN/inf rewards, steps or weights past their limits; the last commit is intact
+        print(f"marti-ibrl train: error: {e}", file=sys.stderr)
+        return 4
+    return 0
+
+
+def add_train_parser(sub) -> None:
+    train = sub.add_parser(
+        "train",
+        help="IB-RL training (Ray + DeepSpeed)",
+        description="Flags: --config FILE.yaml, --section.key VALUE (see marti_ibrl/config/schema.py), --roleN.key VALUE.",
+    )
+    train.set_defaults(func=cmd_train)

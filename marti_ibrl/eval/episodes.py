@@ -1,0 +1,62 @@
+"""What every evaluation shares: ``NAME=SPEC`` names on the command line (:func:`parse_named`) and the episode
+files, one JSONL line per finished episode (:func:`read_episodes` skips a line cut by a kill; :func:`ends_mid_line`
+says whether the next append must start a new line).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+SELF = "self"
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+@dataclass(frozen=True)
+class Named:
+    """``NAME=SPEC`` from the command line (the name labels tables and files)."""
+
+    name: str
+    spec: str
+
+
+def parse_named(text: str, default_prefix: str = "") -> Named:
+    """``NAME=SPEC`` or a bare ``SPEC`` (named after its last path component / bot name)."""
+    name, eq, spec = text.partition("=")
+    if not eq or ":" in name or "/" in name:
+        spec = text
+        if spec.startswith("endpoint:"):  # endpoint:MODEL@URL: the model, not the URL's last path component
+            tail = spec.removeprefix("endpoint:").split("@")[0]
+        else:
+            tail = spec.rstrip("/").split("/")[-1].split(":")[-1]
+        name = f"{default_prefix}{tail}" if default_prefix else tail
+    name = re.sub(r"[^A-Za-z0-9_.+-]", "_", name)
+    if not _NAME.match(name):
+        raise ValueError(f"bad name in {text!r}: use NAME=SPEC with NAME of letters, digits, _ . + -")
+    return Named(name, spec)
+
+
+def read_episodes(path: Path) -> list[dict]:
+    """Episodes of a JSONL file; a truncated last line (killed mid-write) is ignored."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def ends_mid_line(path: Path) -> bool:
+    """Whether a non-empty file's last line has no newline."""
+    if path.stat().st_size == 0:
+        return False
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"

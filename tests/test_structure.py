@@ -1,0 +1,170 @@
+"""The package's shape (issue 41): no import circles, imports only downward through :data:`LAYERS`, a schema that
+depends on nothing, no function over 100 lines.
+
+The import graph is grimp's (import-linter's engine), type-checking imports included: a circle through an
+annotation is still one a reader has to untangle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import grimp
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "marti_ibrl"
+MAX_FUNCTION_LINES = 100
+
+LAYERS = [
+    # what a user runs: the command line and what it dispatches to
+    ["marti_ibrl.cli"],
+    # an environment's registry entry binds its subcommands, evaluation and play hooks (imported lazily)
+    ["marti_ibrl.envs.dond.spec", "marti_ibrl.envs.telesales.spec"],
+    [
+        "marti_ibrl.commands",
+        "marti_ibrl.demo",
+        "marti_ibrl.serve",
+        "marti_ibrl.models",
+        "marti_ibrl.patch_export",
+        "marti_ibrl.people",
+    ],
+    # evaluation, then training
+    ["marti_ibrl.eval"],
+    ["marti_ibrl.trainer"],
+    # the cluster: OpenRLHF stacks, colocated layouts, the device plan
+    ["marti_ibrl.colocate", "marti_ibrl.backend", "marti_ibrl.topology", "marti_ibrl.plan"],
+    ["marti_ibrl.placement", "marti_ibrl.commit", "marti_ibrl.phases", "marti_ibrl.sft"],
+    # a run's configuration, read and checked against everything below
+    ["marti_ibrl.config", "marti_ibrl.device"],
+    ["marti_ibrl.rewards"],
+    # the algorithm and the dialogues it learns from
+    ["marti_ibrl.algorithm", "marti_ibrl.rollout", "marti_ibrl.lora", "marti_ibrl.tiny"],
+    ["marti_ibrl.envs"],
+    # leaves: the schema, and helpers that import nothing of the package above them
+    [
+        "marti_ibrl.config.schema",
+        "marti_ibrl.reward_types",
+        "marti_ibrl.safeparse",
+        "marti_ibrl.llm",
+        "marti_ibrl.procenv",
+        "marti_ibrl.quiet",
+        "marti_ibrl.patching",
+    ],
+]
+"""The package's layers, top to bottom: a module is in the layer of its longest listed prefix, and imports only from
+its own layer or below (docs/testing.md, "The package's shape")."""
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return grimp.build_graph("marti_ibrl", exclude_type_checking_imports=False)
+
+
+def _circles(graph) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan, iteratively)."""
+    edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in sorted(graph.modules)}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(edges[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(edges[w])))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    class Graph:
+        modules = {"a", "b", "c", "d"}
+        imports = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+
+        def find_modules_directly_imported_by(self, m):
+            return self.imports[m]
+
+    assert _circles(Graph()) == [["a", "b", "c"]]
+
+
+def test_no_import_circles(graph) -> None:
+    """Was: config <-> envs/registry <-> envs/custom <-> rewards <-> algorithm/ablations (issue 41). The schema now
+    imports nothing of the package and the cross-section checks sit above the environments and rewards; an
+    environment's :class:`EnvSpec` has its own module, so a ``module:Class`` spec no longer needs the registry."""
+    assert _circles(graph) == []
+
+
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of the longest listed prefix of ``module`` (None: unlisted)."""
+    best = None
+    for i, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > len(best[1])):
+                best = (i, name)
+    return None if best is None else best[0]
+
+
+def test_layer_of_takes_the_longest_prefix() -> None:
+    assert layer_of("marti_ibrl.envs.dond.spec") == 1 and layer_of("marti_ibrl.envs.dond.game") == 10
+    assert layer_of("marti_ibrl.commands.eval") == 2 and layer_of("marti_ibrl.eval.dond.command") == 3
+    assert layer_of("marti_ibrl.config.schema") == len(LAYERS) - 1 and layer_of("marti_ibrl.config.load") == 7
+    assert layer_of("marti_ibrl") is None and layer_of("marti_ibrl.configx") is None
+
+
+def test_every_module_has_a_layer_and_imports_only_downward(graph) -> None:
+    """A new module gets a layer here; an import from a higher layer means the code lives in the wrong place (or
+    the layer list is wrong: say why when moving it)."""
+    assert sorted(m for m in graph.modules if m != "marti_ibrl" and layer_of(m) is None) == []
+    upward = sorted(
+        f"{m} -> {d}"
+        for m in graph.modules
+        for d in graph.find_modules_directly_imported_by(m)
+        if "marti_ibrl" not in (m, d) and layer_of(m) > layer_of(d)
+    )
+    assert upward == []
+
+
+def test_the_schema_imports_nothing_of_the_package(graph) -> None:
+    """What lets environments, rewards and ablations import the config's types without a circle."""
+    assert {m for m in graph.find_modules_directly_imported_by("marti_ibrl.config.schema")} == set()
+    below = graph.find_upstream_modules("marti_ibrl.config.validate") - {"marti_ibrl.config.schema"}
+    assert not {m for m in below if m == "marti_ibrl.config" or m.startswith("marti_ibrl.config.")}
+
+
+def test_no_function_over_100_lines() -> None:
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == []
