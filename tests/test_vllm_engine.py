@@ -2,6 +2,7 @@
 
 One engine, started the way the trainer starts them (``create_engines`` -> OpenRLHF's ``create_vllm_engines`` under
 Ray), fp32. Checked: its sampled tokens' log-probs equal HF's log π of the same tokens; per-request seeds replay;
+its final-only, undetokenized requests return what vLLM's default requests return;
 after a pool-snapshot load and an object-store load it serves exactly the new weights (log-probs again, and the
 digest of what it received). The weight broadcast over gloo is tests/test_e2e_tiny_cluster.py's.
 """
@@ -76,6 +77,28 @@ def test_per_request_seeds_replay(engine):
     other = ray.get(e.generate_batch.remote(PROMPTS, {**SAMPLING, "seed": 8}))
     assert [r["token_ids"] for r in first] == [r["token_ids"] for r in again]
     assert [r["token_ids"] for r in first] != [r["token_ids"] for r in other]
+
+
+def test_requests_ask_only_for_what_the_protocol_returns_and_it_is_vllms(engine):
+    """The protocol's requests (token ids and log-probs once, at the end, undetokenized) return exactly what vLLM's
+    default requests (every token detokenized, a cumulative output streamed at every step) return."""
+    import ray
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    from marti_ibrl.rollout.engines import _completion, _sampling_params
+
+    e, *_ = engine
+    ours = [_sampling_params(SAMPLING, i) for i in range(len(PROMPTS))]
+    assert all(p.output_kind == RequestOutputKind.FINAL_ONLY and not p.detokenize for p in ours)
+    defaults = [
+        SamplingParams(temperature=1.0, top_p=1.0, max_tokens=SAMPLING["max_new_tokens"], logprobs=0, seed=p.seed)
+        for p in ours
+    ]
+    assert all(p.output_kind == RequestOutputKind.CUMULATIVE and p.detokenize for p in defaults)
+    streamed = ray.get([e.generate.remote(prompt, p) for prompt, p in zip(PROMPTS, defaults)])
+    assert all(o.outputs[0].text for o in streamed)  # that path did detokenize
+    assert _generate(e) == [_completion(o.outputs[0]) for o in streamed]
 
 
 def test_snapshot_file_and_object_store_loads_are_served(engine):

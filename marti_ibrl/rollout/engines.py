@@ -352,8 +352,14 @@ def _on_cpu(kwargs: dict, kv_sequences: int) -> None:
 
 def _sampling_params(sampling: dict, i: int):
     """vLLM's ``SamplingParams`` for the ``i``-th prompt of a batch (its seed: the batch's + ``i``), with the sampled
-    tokens' log-probs."""
+    tokens' log-probs.
+
+    Only what :func:`_completion` reads is made: token ids and log-probs, once, when the request ends. vLLM's defaults
+    would also detokenize every sampled token (and its log-prob entry) and build a cumulative ``RequestOutput`` at every
+    engine step; the protocol returns token ids (each role renders its own text), so the engine actor's CPU per
+    generated token is lower (``benchmarks/vllm_sampling_overhead.py``) and the tokens and log-probs are the same."""
     from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
     seed = sampling.get("seed")
     return SamplingParams(
@@ -362,6 +368,8 @@ def _sampling_params(sampling: dict, i: int):
         max_tokens=int(sampling["max_new_tokens"]),
         logprobs=0,
         seed=None if seed is None else int(seed) + i,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
     )
 
 
