@@ -10,12 +10,13 @@ token detokenized, a cumulative ``RequestOutput`` built and streamed at every en
 seeded alike in both variants; ``--repeats`` calls each (default 8), alternating which variant goes first, the first
 pair dropped (warm-up). CPU = user + system seconds of this process and its children (the engine core), over the
 generated tokens. The engine runs in this process (``AsyncLLMEngine`` with the trainer's CPU engine arguments:
-:func:`marti_ibrl.rollout.engines._on_cpu`), not under Ray, so nothing else is counted. Both variants must return the
+:func:`marti_ibrl.rollout.engines._on_cpu`, eager as CPU engines run; ``--compiled``: vLLM's compiled graph), not under
+Ray, so nothing else is counted. Both variants must return the
 same tokens and log-probs (checked: the run fails otherwise). Last line::
 
     protocol/default engine CPU per token: X.XX
 
-    .venv/bin/python benchmarks/vllm_sampling_overhead.py [--model PATH] [--batch 16] [--repeats 8]
+    .venv/bin/python benchmarks/vllm_sampling_overhead.py [--model PATH] [--batch 16] [--repeats 8] [--compiled]
 
 The model defaults to the tiny model the CPU cluster recipe trains (the demo's, head_dim 32, built here).
 """
@@ -41,16 +42,17 @@ def _cpu_seconds() -> float:
     return total
 
 
-async def _measure(model: str, batch: int, new_tokens: int, repeats: int) -> dict[str, list[tuple[float, int]]]:
+async def _measure(
+    model: str, batch: int, new_tokens: int, repeats: int, compiled: bool
+) -> dict[str, list[tuple[float, int]]]:
     import vllm
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from marti_ibrl.rollout.engines import _completion, _on_cpu, _sampling_params
 
-    kwargs = dict(model=model, dtype="float32", max_model_len=1024, seed=0, enforce_eager=True)
+    kwargs = dict(model=model, dtype="float32", max_model_len=1024, seed=0, enforce_eager=not compiled)
     _on_cpu(kwargs, kv_sequences=batch)
-    kwargs.pop("enable_sleep_mode")
     llm = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**kwargs))
     prompts = [[3 + (i * 7 + j) % 90 for j in range(100 + 10 * i)] for i in range(batch)]
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": new_tokens, "seed": 1234}
@@ -91,6 +93,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--compiled", action="store_true", help="vLLM's compiled graph (CPU engines run eagerly)")
     args = ap.parse_args()
     if args.repeats < 2:
         ap.error("--repeats must be at least 2 (the first pair is a warm-up)")
@@ -101,7 +104,7 @@ def main() -> None:
             from marti_ibrl.tiny import build_tiny_dond_model
 
             model = build_tiny_dond_model(f"{tmp}/tiny", **{**DEMO_TINY_MODEL, **VLLM_TINY_HEADS})
-        rows = asyncio.run(_measure(model, args.batch, args.new_tokens, args.repeats))
+        rows = asyncio.run(_measure(model, args.batch, args.new_tokens, args.repeats, args.compiled))
     per_token = {}
     for variant, runs in rows.items():
         per_token[variant] = statistics.mean(cpu / tokens for cpu, tokens in runs)
