@@ -11,8 +11,8 @@ seeded alike in both variants; ``--repeats`` calls each (default 8), alternating
 pair dropped (warm-up). CPU = user + system seconds of this process and its children (the engine core), over the
 generated tokens. The engine runs in this process (``AsyncLLMEngine`` with the trainer's CPU engine arguments:
 :func:`marti_ibrl.rollout.engines._on_cpu`, eager as CPU engines run; ``--compiled``: vLLM's compiled graph), not under
-Ray, so nothing else is counted. Both variants must return the
-same tokens and log-probs (checked: the run fails otherwise). Last line::
+Ray, so nothing else is counted. Both variants must return the same tokens and log-probs (checked: the run fails
+otherwise). Last line::
 
     protocol/default engine CPU per token: X.XX
 
