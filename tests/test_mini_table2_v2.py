@@ -135,6 +135,42 @@ def test_report_tests_what_was_registered(bench, tmp_path):
     assert "**IB-RL beats the pool baseline" in text and "Δ = IB-RL − uni_pool = +10.0 points" in text
     assert (tmp_path / "v2_runs.png").stat().st_size > 10_000
     assert "| sft |" in text  # the SFT init is a reference row of the exploratory tables
+    goals = [line for line in text.splitlines() if "(goal ≥" in line]
+    assert len(goals) == 4  # held-out vs uni_pool (primary) and vs uni_sft; self-play vs both (Holm)
+    assert goals[0].startswith("- held-out-v2 agreement, IB-RL vs uni_pool") and "primary test, p = " in goals[0]
+    assert goals[0].endswith("**met**.")  # +10 points ≥ +5, p < .01
+    assert "## Scenario-clustered GEE (exploratory)" in text
+    assert "| ibrl | 0.84±0.04 | 0.89±0.05 | 0.68±0.07 |" in text  # v1 quoted, as v1's report has it
+    assert "Runs per arm (v1 seeds): ibrl 5, uni_bot 5, shared_reward 3, joint_norm 3, no_stabilization 3" in text
+    assert text.rstrip().endswith(bench.deviations()) and "## Deviations from the plan" in text
+    assert "\n## Report" not in text and "\n### Report" in text  # the file's sections sit under the report's
+
+
+def test_goal_lines_judge_each_goal_on_its_registered_test(bench):
+    def row(method, outcome, diff, p, p_holm=None):
+        r = {"method": method, "outcome": outcome, "diff": diff, "ci_low": diff - 0.05, "ci_high": diff + 0.05}
+        return r | {"ref_mean": 0.7, "mean": 0.7 + diff, "p_value": p, "p_holm": p_holm if p_holm is not None else p}
+
+    primary = row("uni_pool", "held-out-v2 agreement", -0.06, 0.03)
+    secondary = [
+        row("uni_sft", "held-out-v2 agreement", -0.20, 0.001, 0.06),  # large, but not under .05 after Holm
+        row("uni_pool", "self-play agreement", -0.10 + 1e-12, 0.001, 0.007),  # exactly +10 points, as counts give it
+        row("uni_sft", "self-play agreement", -0.09, 0.001, 0.007),  # significant, below the +10 goal
+        row("uni_pool", "Δmismatch", 0.3, 0.001, 0.007),  # no goal
+    ]
+    lines = bench.goal_lines(primary, secondary)
+    assert [line.rsplit("**", 2)[-2] for line in lines] == ["met", "not met", "met", "not met"]
+    assert "primary test, p = 0.03" in lines[0] and "Holm p over the seven secondary tests = 0.06" in lines[1]
+
+
+def test_gee_table_fits_the_v2_families_only(bench, tmp_path):
+    keep = tmp_path / "keep"
+    _complete_keep(bench, keep)
+    text = bench.gee_table(bench.load_pairs(keep))
+    assert "**the three families pooled**" in text and "**per family**" in text
+    assert "not estimable" not in text and "uni_pool" in text and "uni_sft" in text
+    for family in bench.FAMILIES:
+        assert f"| {family} |" in text
 
 
 def test_no_outcome_before_every_unit_is_kept(bench, tmp_path, capsys):
