@@ -396,6 +396,43 @@ def runs_figure(pairs: list[dict], png: Path) -> Path:
     return _save(fig, png)
 
 
+def matrix_figure(pairs: list[dict], policies: Sequence[str], png: Path) -> Path:
+    """Exploratory, one picture of the three counterpart tables: agreement of each policy (mean over its runs) against
+    every held-out counterpart, grouped by family (the v1 bots, recalibrated, last), annotated."""
+    import numpy as np
+
+    from marti_ibrl.eval.figures import _figure, _save
+
+    groups = {**FAMILIES, "v1 (recalibrated)": list(V1_HELDOUT)}
+    columns = [c for members in groups.values() for c in members]
+    m = np.full((len(policies), len(columns)), np.nan)
+    for i, arm in enumerate(policies):
+        for j, c in enumerate(columns):
+            vals = [v for s in SEEDS if (v := _rate(pairs, arm, s, c, "agreement")) is not None]
+            m[i, j] = np.mean(vals) if vals else np.nan
+    fig = _figure((0.62 * len(columns) + 2.5, 0.55 * len(policies) + 3.4))
+    ax = fig.add_subplot()
+    from matplotlib import colormaps
+
+    im = ax.imshow(np.ma.masked_invalid(m), cmap=colormaps["viridis"].with_extremes(bad="lightgrey"), vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax, fraction=0.025, pad=0.01, label="agreement (mean over runs)")
+    ax.set_xticks(range(len(columns)), [c.replace("+phrased", "+ph") for c in columns], rotation=60, ha="right")
+    ax.set_yticks(range(len(policies)), list(policies))
+    edge = -0.5
+    for name, members in groups.items():
+        ax.text(edge + len(members) / 2, -0.6, name, ha="center", va="bottom", fontsize="small")
+        edge += len(members)
+        ax.axvline(edge, color="white", lw=2)
+    for i in range(len(policies)):
+        for j in range(len(columns)):
+            v = m[i, j]
+            text = "–" if not np.isfinite(v) else f"{v:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="black" if v > 0.5 else "white")
+    fig.suptitle("Agreement by held-out counterpart (v2 families, then v1's bots)")
+    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.34, top=0.84)
+    return _save(fig, png)
+
+
 def goal_lines(primary: dict, secondary: list[dict]) -> list[str]:
     """Issue 5's goals (:data:`GOALS`) against each retrained rival, each judged on its pre-registered test: met when
     the estimate reaches the goal and that test's p (the primary's raw p; a secondary's Holm p) is below .05."""
@@ -468,6 +505,7 @@ def write_report(keep: Path, results: Path) -> str:
     hours = sum(ledger.values()) / 3600
     figure = runs_figure(pairs, results.with_name(results.stem + "_runs.png"))
     policies = [*ARMS, "sft"]
+    matrix = matrix_figure(pairs, policies, results.with_name(results.stem + "_matrix.png"))
     text = [
         "# Mini Table 2, version 2: co-evolution vs counterpart variety",
         f"Plan: [{PLAN.name}]({PLAN.name}) (committed before the first run). Compute: {hours:.1f} h from the "
@@ -483,7 +521,8 @@ def write_report(keep: Path, results: Path) -> str:
         "## Families (exploratory; p: Welch vs IB-RL, unadjusted)\n\n" + family_table(pairs, policies),
         "## Learned counterparts (exploratory)\n\n" + counterpart_matrix(pairs, policies, FAMILIES["learned"]),
         "## Surface variation (exploratory): marker-only vs phrased, per strategy\n\n"
-        + counterpart_matrix(pairs, policies, [c for b in SCRIPTED for c in (b, f"{b}+phrased")]),
+        + counterpart_matrix(pairs, policies, [c for b in SCRIPTED for c in (b, f"{b}+phrased")])
+        + f"\n\n![agreement by counterpart]({matrix.name})",
         "## Scenario-clustered GEE (exploratory)\n\n" + gee_table(pairs),
         "## v1 arms not retrained (quoted from v1, outside every v2 test)\n\n" + v1_quoted(),
         f"## Per run\n\n![per run]({figure.name})",

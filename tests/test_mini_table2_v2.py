@@ -134,6 +134,7 @@ def test_report_tests_what_was_registered(bench, tmp_path):
     text = bench.write_report(keep, tmp_path / "v2.md")
     assert "**IB-RL beats the pool baseline" in text and "Δ = IB-RL − uni_pool = +10.0 points" in text
     assert (tmp_path / "v2_runs.png").stat().st_size > 10_000
+    assert (tmp_path / "v2_matrix.png").stat().st_size > 10_000 and "![agreement by counterpart](v2_matrix.png)" in text
     assert "| sft |" in text  # the SFT init is a reference row of the exploratory tables
     goals = [line for line in text.splitlines() if "(goal ≥" in line]
     assert len(goals) == 4  # held-out vs uni_pool (primary) and vs uni_sft; self-play vs both (Holm)
