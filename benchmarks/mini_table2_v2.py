@@ -335,17 +335,18 @@ def family_table(pairs: list[dict], arms: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def agreement_over_runs(pairs: list[dict], arm: str, counterpart: str) -> float | None:
+    """Agreement of ``arm`` against one held-out counterpart, the mean over its evaluated runs (None if none)."""
+    vals = [v for s in SEEDS if (v := _rate(pairs, arm, s, counterpart, "agreement")) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
 def counterpart_matrix(pairs: list[dict], arms: Sequence[str], counterparts: Sequence[str]) -> str:
     """Exploratory: agreement of each arm (mean over its runs) against each counterpart."""
-    import statistics as st
-
     lines = ["| arm \\ counterpart | " + " | ".join(counterparts) + " |", "|---|" + "---|" * len(counterparts)]
     for arm in arms:
-        cells = []
-        for c in counterparts:
-            vals = [v for s in SEEDS if (v := _rate(pairs, arm, s, c, "agreement")) is not None]
-            cells.append(f"{st.fmean(vals):.2f}" if vals else "–")
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        cells = [agreement_over_runs(pairs, arm, c) for c in counterparts]
+        lines.append(f"| {arm} | " + " | ".join("–" if v is None else f"{v:.2f}" for v in cells) + " |")
     return "\n".join(lines)
 
 
@@ -405,11 +406,9 @@ def matrix_figure(pairs: list[dict], policies: Sequence[str], png: Path) -> Path
 
     groups = {**FAMILIES, "v1 (recalibrated)": list(V1_HELDOUT)}
     columns = [c for members in groups.values() for c in members]
-    m = np.full((len(policies), len(columns)), np.nan)
-    for i, arm in enumerate(policies):
-        for j, c in enumerate(columns):
-            vals = [v for s in SEEDS if (v := _rate(pairs, arm, s, c, "agreement")) is not None]
-            m[i, j] = np.mean(vals) if vals else np.nan
+    m = np.array(
+        [[np.nan if (v := agreement_over_runs(pairs, arm, c)) is None else v for c in columns] for arm in policies]
+    )
     fig = _figure((0.62 * len(columns) + 2.5, 0.55 * len(policies) + 3.4))
     ax = fig.add_subplot()
     from matplotlib import colormaps
