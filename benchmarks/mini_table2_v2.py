@@ -72,6 +72,9 @@ PHRASED = tuple(f"{b}+phrased" for b in SCRIPTED)  # family B
 FAMILIES = {"scripted": list(SCRIPTED), "surface": list(PHRASED), "learned": [m.name for m in PANEL]}
 """The three families of the primary outcome (equal weights), by counterpart name as ``pairs.json`` records it (a
 held-out bot by its bare name, a panel member by its ``NAME=``)."""
+GROUPS = {**FAMILIES, "v1 (recalibrated)": list(V1_HELDOUT)}
+"""Every held-out counterpart by group, as the exploratory table and figure show them: the three families, then v1's
+bots (conceders recalibrated), which are outside the primary outcome."""
 
 
 def _log(msg: str) -> None:
@@ -320,7 +323,7 @@ def family_table(pairs: list[dict], arms: Sequence[str]) -> str:
 
     from scipy import stats
 
-    groups = {**FAMILIES, "v1 (recalibrated)": list(V1_HELDOUT)}
+    groups = GROUPS
     lines = ["| arm | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
     for arm in arms:
         cells = [arm]
@@ -404,7 +407,7 @@ def matrix_figure(pairs: list[dict], policies: Sequence[str], png: Path) -> Path
 
     from marti_ibrl.eval.figures import _figure, _save
 
-    groups = {**FAMILIES, "v1 (recalibrated)": list(V1_HELDOUT)}
+    groups = GROUPS
     columns = [c for members in groups.values() for c in members]
     m = np.array(
         [[np.nan if (v := agreement_over_runs(pairs, arm, c)) is None else v for c in columns] for arm in policies]
@@ -479,9 +482,9 @@ def v1_quoted(v1_keep: Path | None = None) -> str:
     """The v1 arms not retrained (:data:`V1_ONLY`), quoted from v1's kept evaluations beside v1's own IB-RL: v1's
     held-out bots (the conceders uncalibrated), so comparable with each other, not with any v2 number."""
     pairs = v1.load_results(v1_keep or v1.KEEP, range(5))
-    arms = [a for a in ("ibrl", *V1_ONLY) if v1.per_arm(pairs, a, "held-out")]
-    table, _ = v1.mismatch_table(pairs, arms)
-    runs = ", ".join(f"{a} {len(v1.per_arm(pairs, a, 'held-out'))}" for a in arms)
+    counts = {a: n for a in ("ibrl", *V1_ONLY) if (n := len(v1.per_arm(pairs, a, "held-out")))}
+    table, _ = v1.mismatch_table(pairs, list(counts))
+    runs = ", ".join(f"{a} {n}" for a, n in counts.items())
     return f"Runs per arm (v1 seeds): {runs}. Agreement, mean±sd over runs.\n\n{table}"
 
 
