@@ -60,11 +60,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from marti_ibrl.envs.dond.bots import TRAINING_BOTS as _TRAINING_BOT_REGISTRY
 from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS as _HELDOUT_BOT_REGISTRY
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "dond" / "mini-table2.yaml"
@@ -602,6 +606,22 @@ def episode_frame(pairs: list[dict], kind: str):
     return pd.DataFrame(rows)
 
 
+def gee_fit(df: pd.DataFrame, reference: str, family_col: str | None = None) -> tuple[pd.DataFrame | str, tuple]:
+    """:func:`marti_ibrl.eval.stats.compare` of agreement vs ``reference`` as every mini Table 2 report fits it:
+    scenario clusters, seed fixed effects ``C(seed)`` when there are several seeds. Returns (the table, or the reason
+    it is not estimable; the covariates used)."""
+    from marti_ibrl.eval.stats import compare
+
+    covariates = ("C(seed)",) if df["seed"].nunique() > 1 else ()
+    try:
+        res = compare(
+            df, reference, family_col=family_col, outcome="agreed", cluster="scenario_uid", covariates=covariates
+        )
+    except ValueError as e:
+        return str(e), covariates
+    return res, covariates
+
+
 def gee_tests(pairs: list[dict], reference: str = "ibrl") -> tuple[str, dict]:
     """Secondary: logistic GEE of agreement vs ``reference``, held-out (pooled, and per held-out bot) and self-play.
 
@@ -609,21 +629,17 @@ def gee_tests(pairs: list[dict], reference: str = "ibrl") -> tuple[str, dict]:
     seed fixed effects ``C(seed)`` when there are several seeds; Holm within each family. It says how precisely these
     runs were measured on these scenarios, not how another training run would do: that is :func:`run_level_tests`,
     the primary test."""
-    from marti_ibrl.eval.stats import compare, format_table
+    from marti_ibrl.eval.stats import format_table
 
     parts, verdicts = [], {}
     for kind, family in (("held-out", None), ("held-out", "counterpart"), ("self-play", None)):
         df = episode_frame(pairs, kind)
         if df.empty or reference not in set(df["method"]) or df["method"].nunique() < 2:
             continue
-        covariates = ("C(seed)",) if df["seed"].nunique() > 1 else ()
         title = f"{kind}, " + ("per counterpart" if family else "all counterparts pooled")
-        try:
-            res = compare(
-                df, reference, family_col=family, outcome="agreed", cluster="scenario_uid", covariates=covariates
-            )
-        except ValueError as e:
-            parts.append(f"**{title}**: not estimable ({e})")
+        res, covariates = gee_fit(df, reference, family)
+        if isinstance(res, str):
+            parts.append(f"**{title}**: not estimable ({res})")
             continue
         text = f"**{title}** (clusters: scenarios{', seed fixed effects' if covariates else ''})\n\n" + format_table(
             res
