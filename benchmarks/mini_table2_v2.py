@@ -353,24 +353,51 @@ def counterpart_matrix(pairs: list[dict], arms: Sequence[str], counterparts: Seq
     return "\n".join(lines)
 
 
-def reproducibility(keep: Path) -> str:
-    """The plan's check: seeds 0-4 retrained with v1's command vs v1's kept reward curves (agent1 and agent2)."""
-    diffs, compared = [], 0
+def reproducibility(keep: Path, v1_keep: Path | None = None) -> str:
+    """The plan's check: seeds 0-4 retrained with v1's command vs v1's kept reward curves (both roles), per arm.
+
+    Per arm: how many runs are identical; where the others first differ (0-based iteration); the largest
+    per-iteration difference and the largest difference of a run's mean reward (reward = own utility, 0-10 points).
+    Not a test: v2 uses its own runs throughout."""
+    v1_keep = v1.KEEP if v1_keep is None else v1_keep
+    parts = []
     for arm in ARMS:
+        same, first, step_gap, mean_gap = 0, [], 0.0, 0.0
         for seed in range(5):
-            new, old = keep / "runs" / arm / f"seed{seed}.json", v1.KEEP / "runs" / arm / f"seed{seed}.json"
+            new, old = keep / "runs" / arm / f"seed{seed}.json", v1_keep / "runs" / arm / f"seed{seed}.json"
             if not (new.exists() and old.exists()):
                 continue
             a, b = json.loads(new.read_text())["rewards"], json.loads(old.read_text())["rewards"]
+            diverged = []
             for key in sorted(set(a) & set(b)):
-                pairs_ = [(x, y) for x, y in zip(a[key], b[key]) if x is not None and y is not None]
-                diffs += [abs(x - y) for x, y in pairs_]
-            compared += 1
-    if not compared:
+                both = [(i, x, y) for i, (x, y) in enumerate(zip(a[key], b[key])) if x is not None and y is not None]
+                if not both:
+                    continue
+                diverged += [i for i, x, y in both if x != y][:1]
+                step_gap = max(step_gap, *(abs(x - y) for _, x, y in both))
+                mean_gap = max(mean_gap, abs(sum(x for _, x, _ in both) - sum(y for *_, y in both)) / len(both))
+            if diverged:
+                first.append(min(diverged))
+            else:
+                same += 1
+        runs = same + len(first)
+        if not runs:
+            continue
+        if not first:
+            parts.append(f"`{arm}` identical in all {runs} runs")
+            continue
+        where = f"{min(first)}" if min(first) == max(first) else f"{min(first)}-{max(first)}"
+        which = f"different in all {runs} runs" if not same else f"identical in {same} of {runs} runs, the others"
+        parts.append(
+            f"`{arm}` {which} from iteration {where} on (largest difference {step_gap:.2f} points in one iteration, "
+            f"{mean_gap:.2f} in a run's mean reward)"
+        )
+    if not parts:
         return "Reproducibility: no retrained v1 run to compare."
-    worst = max(diffs) if diffs else 0.0
-    verdict = "identical" if worst == 0 else f"largest difference {worst:.3g}"
-    return f"Reproducibility (seeds 0-4 retrained vs v1's kept reward curves, {compared} runs): {verdict}."
+    return (
+        "Reproducibility (seeds 0-4 retrained with v1's command vs v1's kept reward curves, both roles; reward = own "
+        "utility, 0-10 points; not a test): " + "; ".join(parts) + "."
+    )
 
 
 def runs_figure(pairs: list[dict], png: Path) -> Path:
@@ -521,7 +548,10 @@ def write_report(keep: Path, results: Path) -> str:
         "## Surface variation (exploratory): marker-only vs phrased, per strategy\n\n"
         + counterpart_matrix(pairs, policies, [c for b in SCRIPTED for c in (b, f"{b}+phrased")])
         + f"\n\n![agreement by counterpart]({matrix.name})",
-        "## Scenario-clustered GEE (exploratory)\n\n" + gee_table(pairs),
+        "## Scenario-clustered GEE (exploratory)\n\n"
+        "Clusters are scenarios, with seed fixed effects: the GEE says how precisely *these* runs were measured on these "
+        "scenarios, not how another training run would do (the primary test's question), so an odds ratio close to 1 "
+        "can have p < .001 here while the run-level test finds no difference.\n\n" + gee_table(pairs),
         "## v1 arms not retrained (quoted from v1, outside every v2 test)\n\n" + v1_quoted(),
         f"## Per run\n\n![per run]({figure.name})",
         "## Deviations from the plan\n\n" + deviations(),

@@ -187,3 +187,27 @@ def test_no_outcome_before_every_unit_is_kept(bench, tmp_path, capsys):
 def test_seeds_outside_the_plan_are_refused(bench):
     with pytest.raises(SystemExit, match="pre-registered seeds"):
         bench.main(["--stage", "status", "--seeds", "10"])
+
+
+def test_reproducibility_says_per_arm_where_a_retrained_run_left_v1(bench, tmp_path):
+    def keep_run(root: Path, arm: str, seed: int, curve: list[float | None]) -> None:
+        path = root / "runs" / arm / f"seed{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rewards": {"agent1/reward": curve, "agent2/reward": curve}}))
+
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    base = [5.0, 5.0, 6.0, 6.0, 6.0]
+    for seed in range(5):
+        keep_run(v1, "ibrl", seed, base)
+        keep_run(v2, "ibrl", seed, base)  # identical
+        keep_run(v1, "uni_sft", seed, base)
+        # seed 0 identical; the others leave v1 at iteration `seed` (a None on both sides is not compared)
+        keep_run(v2, "uni_sft", seed, base if seed == 0 else base[:seed] + [x + 1.0 for x in base[seed:]])
+    keep_run(v1, "uni_pool", 0, [None, 5.0])
+    keep_run(v2, "uni_pool", 0, [None, 7.0])
+    text = bench.reproducibility(v2, v1)
+    assert "`ibrl` identical in all 5 runs" in text
+    assert "`uni_sft` identical in 1 of 5 runs, the others from iteration 1-4 on" in text
+    assert "largest difference 1.00 points in one iteration, 0.80 in a run's mean reward" in text  # seed 1: 4 of 5
+    assert "`uni_pool` different in all 1 runs from iteration 1 on (largest difference 2.00 points" in text
+    assert bench.reproducibility(tmp_path / "none", v1) == "Reproducibility: no retrained v1 run to compare."
