@@ -387,7 +387,10 @@ def reproducibility(keep: Path, v1_keep: Path | None = None) -> str:
             parts.append(f"`{arm}` identical in all {runs} runs")
             continue
         where = f"{min(first)}" if min(first) == max(first) else f"{min(first)}-{max(first)}"
-        which = f"different in all {runs} runs" if not same else f"identical in {same} of {runs} runs, the others"
+        if same:
+            which = f"identical in {same} of {runs} runs, the others"
+        else:
+            which = "different in its one run" if runs == 1 else f"different in all {runs} runs"
         parts.append(
             f"`{arm}` {which} from iteration {where} on (largest difference {step_gap:.2f} points in one iteration, "
             f"{mean_gap:.2f} in a run's mean reward)"

@@ -209,5 +209,5 @@ def test_reproducibility_says_per_arm_where_a_retrained_run_left_v1(bench, tmp_p
     assert "`ibrl` identical in all 5 runs" in text
     assert "`uni_sft` identical in 1 of 5 runs, the others from iteration 1-4 on" in text
     assert "largest difference 1.00 points in one iteration, 0.80 in a run's mean reward" in text  # seed 1: 4 of 5
-    assert "`uni_pool` different in all 1 runs from iteration 1 on (largest difference 2.00 points" in text
+    assert "`uni_pool` different in its one run from iteration 1 on (largest difference 2.00 points" in text
     assert bench.reproducibility(tmp_path / "none", v1) == "Reproducibility: no retrained v1 run to compare."

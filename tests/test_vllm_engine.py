@@ -80,9 +80,9 @@ def test_per_request_seeds_replay(engine):
 
 
 def test_requests_ask_only_for_what_the_protocol_returns_and_it_is_vllms(engine):
-    """The protocol's requests (token ids and log-probs once, at the end, undetokenized) return exactly what vLLM's
-    default requests (every token detokenized, a cumulative output streamed at every step) return: the same tokens and stops, log-probs
-    equal up to fp32 rounding."""
+    """The protocol's requests (token ids and log-probs once, at the end, undetokenized) return what vLLM's default
+    requests (every token detokenized, a cumulative output streamed at every step) return: the same tokens and stops,
+    log-probs equal up to fp32 rounding."""
     import ray
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
