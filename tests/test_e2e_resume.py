@@ -8,7 +8,8 @@ the rollout ahead was made by weights that no longer exist. (Synchronous resume:
 * **On the local Slurm** (CI; ``tests/slurm_cluster.py``): ``recipes/dond/tiny-cluster-cpu.sh`` is submitted with
   ``sbatch``. After its first commit the batch shell gets SIGTERM (preemption: the recipe requeues the job, and the
   requeued job resumes by itself from the last commit). Once the requeued job has committed an iteration of its own,
-  n2's raylet is killed (a lost node: the actor, engines and ranks there die with it), and the job must fail with an
+  n2's raylet and every process under it are killed (a lost node: the actor, engines and ranks there die with it; the
+  raylet alone let its workers finish a tiny run before they noticed), and the job must fail with an
   error naming n2 and nothing half-committed. The run is then re-submitted by hand with ``--ckpt.load_enable true``.
 * **Without Slurm**: the driver is killed (``kill -9``) while iteration 3 is rolling out, and resumed.
 
@@ -120,6 +121,22 @@ def _submit(slurm, name: str, model: str, run_dir: Path, *extra: str) -> str:
     return slurm.submit(name, RECIPE, *_flags(), *extra, **env)
 
 
+def _lose_node(address: str) -> None:
+    """A lost node, as when its machine goes away: its raylet and every process under it (the workers holding the
+    roles' actors, engines and ranks, Ray's agents) SIGKILLed at once. The raylet alone is not enough: its workers
+    notice their raylet's death only later, and CI once saw them finish the run's last two iterations (≈ 3 s) first."""
+    found = subprocess.run(
+        ["pgrep", "-f", f"raylet/raylet .*--node_ip_address={address}"], capture_output=True, text=True
+    ).stdout.split()
+    assert found, f"no raylet runs for {address}"
+    tree = list(found)
+    for pid in tree:  # grows while it is walked: breadth-first over the descendants
+        tree += subprocess.run(["pgrep", "-P", pid], capture_output=True, text=True).stdout.split()
+    for pid in reversed(tree):  # the workers first, the raylet last: none outlives it
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
 def _preempted_and_lost_on_slurm(slurm, model: str, run_dir: Path) -> dict:
     job = _submit(slurm, "resume-b", model, run_dir)
     slurm.until_job(job, "B's first commit", lambda: committed(run_dir) >= 1, every=0.2)
@@ -130,8 +147,7 @@ def _preempted_and_lost_on_slurm(slurm, model: str, run_dir: Path) -> dict:
     # (Slurm holds a requeued job for ~2 minutes before it is eligible again; the test does not wait)
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     slurm.until_job(job, "the requeued B's own commit", lambda: committed(run_dir) > at_sigterm, every=0.2)
-    # a lost node: n2's raylet killed (its workers, engines and ranks go with it)
-    subprocess.run(["pkill", "-9", "-f", f"raylet/raylet .*--node_ip_address={N2_ADDRESS}"], check=False)
+    _lose_node(N2_ADDRESS)
     return dict(
         job=job,
         at_sigterm=at_sigterm,
