@@ -323,11 +323,10 @@ def family_table(pairs: list[dict], arms: Sequence[str]) -> str:
 
     from scipy import stats
 
-    groups = GROUPS
-    lines = ["| arm | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
+    lines = ["| arm | " + " | ".join(GROUPS) + " |", "|---|" + "---|" * len(GROUPS)]
     for arm in arms:
         cells = [arm]
-        for members in groups.values():
+        for members in GROUPS.values():
             vals = [v for s in SEEDS if (v := mean_over(pairs, arm, s, members)) is not None]
             ref = [v for s in SEEDS if (v := mean_over(pairs, REFERENCE, s, members)) is not None]
             text = "–" if not vals else f"{st.fmean(vals):.3f}" + (f"±{st.stdev(vals):.3f}" if len(vals) > 1 else "")
@@ -437,8 +436,7 @@ def matrix_figure(pairs: list[dict], policies: Sequence[str], png: Path) -> Path
 
     from marti_ibrl.eval.figures import _figure, _save
 
-    groups = GROUPS
-    columns = [c for members in groups.values() for c in members]
+    columns = [c for members in GROUPS.values() for c in members]
     m = np.array(
         [[np.nan if (v := agreement_over_runs(pairs, arm, c)) is None else v for c in columns] for arm in policies]
     )
@@ -451,7 +449,7 @@ def matrix_figure(pairs: list[dict], policies: Sequence[str], png: Path) -> Path
     ax.set_xticks(range(len(columns)), [c.replace("+phrased", "+ph") for c in columns], rotation=60, ha="right")
     ax.set_yticks(range(len(policies)), list(policies))
     edge = -0.5
-    for name, members in groups.items():
+    for name, members in GROUPS.items():
         ax.text(edge + len(members) / 2, -0.6, name, ha="center", va="bottom", fontsize="small")
         edge += len(members)
         ax.axvline(edge, color="white", lw=2)
