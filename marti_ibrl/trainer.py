@@ -26,7 +26,7 @@ import ray
 from tqdm import tqdm
 
 from marti_ibrl.algorithm import ablations
-from marti_ibrl.algorithm.advantages import group_key, members
+from marti_ibrl.algorithm.advantages import GroupSpread, group_key, group_spread, members
 from marti_ibrl.algorithm.batching import RankSplit
 from marti_ibrl.algorithm.pool import (
     BOTH,
@@ -195,6 +195,24 @@ def count_skipped_updates(k: int, status: dict[str, dict], in_a_row: dict[str, i
             )
 
 
+def warn_uninformative(
+    k: int, spreads: dict[str, GroupSpread], in_a_row: dict[str, int], warned: set[str], limit: int
+) -> None:
+    """Per role due at k (``spreads``: its groups, :func:`marti_ibrl.algorithm.advantages.group_spread`): count its
+    due iterations in a row with no informative group in ``in_a_row`` and, when that reaches ``limit``
+    (``--train.warn_uninformative``; 0 never), warn once per run in one console line naming the role and the likely
+    cause (``warned`` remembers who was warned)."""
+    for r, spread in spreads.items():
+        in_a_row[r] = 0 if spread.informative else in_a_row.get(r, 0) + 1
+        if limit and in_a_row[r] >= limit and r not in warned:
+            warned.add(r)
+            tqdm.write(
+                f"iteration {k}: warning: {r} has had no informative update for {in_a_row[r]} iterations in a row "
+                f"(every advantage 0: {spread.cause}); it learns nothing from its rewards until its groups differ "
+                "(docs/troubleshooting.md)"
+            )
+
+
 def snapshot_loads(plays: Sequence[Play]) -> dict[int, dict[str, str]]:
     """Per rollout pass, the snapshot file each role's engines must hold for it (:attr:`Policy.weights`: a colocated
     role's pool snapshot served by its own engines); empty when no play needs one."""
@@ -324,6 +342,8 @@ class IBRLTrainer:
         self._start_pools()
         self.updates = {r: 0 for r in self.trained}  # each role's update count (schedule, snapshot versions)
         self.skipped_in_a_row: dict[str, int] = {}  # per role: its latest updates with NaN/inf steps skipped
+        self.uninformative_in_a_row: dict[str, int] = {}  # per role: its latest due iterations with every Â = 0
+        self.warned_uninformative: set[str] = set()
         self.start_iteration = 1
         self.history: list[dict] = []
         self.rollout_log: list[dict] = []  # per iteration: configuration, opponents, scenario order
@@ -528,6 +548,14 @@ class IBRLTrainer:
         report_reward_failures(k, trajectories, self.roles)  # e.g. a failed judgement: out of that role's groups
         check_reward_failures(k, trajectories, self.trained, cfg.train.max_reward_failures)
         learning = [r for r in schedule if scored[r]]  # due, and with group members: something to learn from
+        spreads = {r: group_spread(scored[r]) for r in self.trained}  # groups whose rewards differ: Â ≠ 0 somewhere
+        warn_uninformative(
+            k,
+            {r: spreads[r] for r in learning},
+            self.uninformative_in_a_row,
+            self.warned_uninformative,
+            cfg.train.warn_uninformative,
+        )
         with timer("experience"), ThreadPoolExecutor(max(1, len(learning))) as pool:  # per-role masks m_i, Eq. 4
             precomputed = self.ablation.joint_baseline  # advantages already made over every role (Table 3)
             samples = {r: role_samples(scored[r], r, cfg.rollout.max_len) for r in learning}
@@ -563,6 +591,8 @@ class IBRLTrainer:
         )
         made = {r: len(scored[r]) for r in self.trained}
         metrics = self._metrics(k, trajectories, experiences, status, timer, configuration, schedule, made, splits)
+        for r, spread in spreads.items():
+            metrics[f"{r}/groups"], metrics[f"{r}/informative_groups"] = float(spread.groups), float(spread.informative)
         for r, info in synced.items():  # what an adapter-only sync moved (full-weight syncs report nothing)
             if info:
                 metrics[f"{r}/sync/bytes"], metrics[f"{r}/sync/seconds"] = float(info["bytes"]), info["seconds"]
@@ -917,9 +947,17 @@ def sample_metrics(role: str, made: int, split: RankSplit | None, ranks: int) ->
     return m
 
 
+def update_mark(m: dict, role: str) -> str:
+    """The iteration table's ``upd`` for a role: ``y`` it updated, ``0`` it updated with every advantage 0 (no
+    informative group: the policy moved by its KL term only), ``-`` it did not update."""
+    if not m.get(f"{role}/updated"):
+        return "-"
+    return "0" if m.get(f"{role}/informative_groups", 1.0) == 0 else "y"
+
+
 def summary_table(history: list[dict], roles: Sequence[str]) -> str:
     """Per-iteration, per-role table: Eq. 6 configuration ("vs pool": whose current policy faced the other
-    roles' snapshots), agreement and malformed rates, reward, whether the role updated."""
+    roles' snapshots), agreement and malformed rates, reward, whether the role updated (:func:`update_mark`)."""
     head = ["iter", "vs pool", "agree", "malf"] + [f"{r}:{c}" for r in roles for c in ("reward", "malf", "upd")]
     names = ["-", *roles]  # configurations(): "both" shown as "-"
     rows = [head]
@@ -927,7 +965,7 @@ def summary_table(history: list[dict], roles: Sequence[str]) -> str:
         config = names[int(m.get("pool/configuration", 0))]
         row = [f"{int(m['iteration'])}", config, f"{m['rollout/agreement']:.2f}", f"{m['rollout/malformed']:.2f}"]
         for r in roles:
-            row += [f"{m[f'{r}/reward']:.2f}", f"{m[f'{r}/malformed']:.2f}", "y" if m[f"{r}/updated"] else "-"]
+            row += [f"{m[f'{r}/reward']:.2f}", f"{m[f'{r}/malformed']:.2f}", update_mark(m, r)]
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)

@@ -134,6 +134,7 @@ def test_both_roles_updated_with_their_own_rewards(run):
     assert m["sales/updated"] == 1.0 and m["customer/updated"] == 1.0
     assert "sales/policy_loss" in m and "customer/policy_loss" in m
     assert m["sales/adv_abs_mean"] > 0 and m["customer/adv_abs_mean"] > 0
+    assert all(0 < m[f"{r}/informative_groups"] <= m[f"{r}/groups"] for r in ("sales", "customer"))
     # one rank, micro-batch 2: the customer's members (the judge-failed call left out) are all trained, an odd
     # count filled with one zero-weight sample
     for r in ("sales", "customer"):

@@ -121,6 +121,7 @@ def test_price_negotiation_trains_one_iteration(tmp_path, monkeypatch):
     m = history[0]
     assert m["buyer/updated"] == 1.0 and m["seller/updated"] == 1.0
     assert m["buyer/adv_abs_mean"] > 0 and m["seller/adv_abs_mean"] > 0
+    assert m["buyer/groups"] == m["buyer/informative_groups"] == 1.0  # one scenario; text_hash tells texts apart
     assert (tmp_path / "run" / "buyer" / "ckpt").is_dir() and (tmp_path / "run" / "seller" / "ckpt").is_dir()
     sys.modules.pop("price_negotiation", None)
 

@@ -15,6 +15,7 @@ reinforce_baseline, dr_grpo — works per role. Conventions: a zero-variance gro
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -51,6 +52,37 @@ def members(trajectories: Sequence[Trajectory], role: str, needed: Sequence[str]
         and t.views[role].action_ranges
         and not needed & t.reward_failures.keys()
     ]
+
+
+@dataclass(frozen=True)
+class GroupSpread:
+    """How many of role i's groups G_{i,q} can move its policy this iteration (Eq. 4): a group is *informative* when
+    it has two or more members whose training rewards differ, since a group of one or of equal rewards gives every
+    member Â = 0 (group_norm, rloo and dr_grpo alike), hence no policy-gradient term in Eq. 5 (only the KL term).
+    ``cause`` says why none is informative, for the console (empty when some are)."""
+
+    informative: int
+    groups: int
+    cause: str = ""
+
+
+def group_spread(scored: Sequence[tuple[Trajectory, float]]) -> GroupSpread:
+    """:class:`GroupSpread` of one role's group members and their training rewards (``IBRLTrainer.training_rewards``:
+    R_i, or an ablation's reward) — the same ``(role, scenario_uid)`` groups the advantages are taken over."""
+    by_group: dict[str, list[float]] = {}
+    for t, x in scored:
+        by_group.setdefault(t.scenario_uid, []).append(float(x))
+    informative = sum(1 for xs in by_group.values() if len(xs) >= 2 and max(xs) != min(xs))
+    cause = ""
+    if scored and not informative:
+        rewards = {float(x) for _, x in scored}
+        if all(getattr(t.outcome, "malformed", False) for t, _ in scored):
+            cause = f"all {len(scored)} of its dialogues ended malformed"
+        elif len(rewards) == 1:
+            cause = f"its reward was {rewards.pop():g} in all {len(scored)} of its dialogues"
+        else:
+            cause = "every group's rewards were equal within the group (or it had one member)"
+    return GroupSpread(informative, len(by_group), cause)
 
 
 def role_advantages(

@@ -206,6 +206,11 @@ class TrainConfig:
     """Stop the run when this many updates of one role in a row had optimizer steps skipped for a NaN/inf loss or
     gradient (``ROLE/update/skipped``; a skipped step leaves the weights as they were), before the iteration is
     saved."""
+    warn_uninformative: int = 5
+    """Warn once per role, in one console line naming the likely cause, when this many of its due iterations in a
+    row had no informative advantage group (``ROLE/informative_groups`` 0: every group of one member or of equal
+    rewards, e.g. all malformed, so Â = 0 everywhere and the update moves the policy by its KL term only; such an
+    update shows as ``upd 0`` in the iteration table). 0: never warn."""
 
 
 @dataclass
