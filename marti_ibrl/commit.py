@@ -29,9 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from marti_ibrl.config import ConfigError
+from marti_ibrl.outputs import LOCK_NAME
+from marti_ibrl.phases import PHASES_FILE
 
 STATE_FILE = "trainer_state.json"
-RUN_FILES = (STATE_FILE, STATE_FILE + ".tmp", "config.yaml", "topology.json", "sync_checks.jsonl")
+RUN_FILES = (STATE_FILE, STATE_FILE + ".tmp", "config.yaml", "topology.json", "sync_checks.jsonl", PHASES_FILE)
 """The files a training run writes at the top of its directory (:func:`clear_run` deletes them, with ``pool/``,
 ``rollouts/``, ``tensorboard/`` and the role directories)."""
 ROLLOUTS_DIR = "rollouts"  # --train.async_rollout: the committed rollouts in flight
@@ -203,7 +205,7 @@ def clear_run(run_dir: Path, roles: list[str]) -> tuple[list[str], list[str]]:
         else:
             continue
         deleted.append(name)
-    return deleted, sorted(p.name for p in run_dir.iterdir())
+    return deleted, sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_NAME)  # (the lock is ours)
 
 
 def write_rollout(run_dir: Path, rollout) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -152,6 +153,9 @@ def prepare(
 
 DEMO_RUN = "demo_run.json"
 """In the demo's run directory (``OUT/ibrl``): the demo made it, so a later demo may start over in it."""
+DEMO_FILES = ("report.md", "figures")
+"""What the demo writes into its run directory beside the training run (:func:`marti_ibrl.eval.report.write_report`),
+deleted with the run when the demo starts over in it."""
 
 
 def start_over_flags(run_dir: Path) -> list[str]:
@@ -168,7 +172,13 @@ def start_over_flags(run_dir: Path) -> list[str]:
         )
     if found:
         _step(f"starting over in {run_dir}: the previous demo run there is deleted")
-        flags = ["--ckpt.overwrite", "true"]
+        flags = ["--ckpt.overwrite", "true"]  # the training run's files (commit.clear_run), then the demo's own:
+        for name in DEMO_FILES:
+            path = run_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / DEMO_RUN).write_text(json.dumps({"made_by": "marti-ibrl demo"}) + "\n")
     return flags

@@ -65,7 +65,8 @@ from marti_ibrl.commit import (
 from marti_ibrl.config import Config, ConfigError, RoleConfig, to_yaml
 from marti_ibrl.device import check_device_dtype, resolve_device
 from marti_ibrl.envs import make_env
-from marti_ibrl.phases import PhaseLog
+from marti_ibrl.outputs import OutputInUse, OutputLock, repair_jsonl
+from marti_ibrl.phases import PHASES_FILE, PhaseLog
 from marti_ibrl.placement import colocated, frozen_checkpoints, shares_engines, uses_pool
 from marti_ibrl.rewards import RoleRewards
 from marti_ibrl.rollout.dialogue import Trajectory
@@ -319,6 +320,8 @@ class IBRLTrainer:
     (:mod:`marti_ibrl.commit`), every role's processes (Ray, DeepSpeed ranks, engines), the rollout (rewards,
     runner), the opponent pools, then the committed state when resuming."""
 
+    run_lock: OutputLock | None = None  # held from the run directory's checks to the end of fit() or close()
+
     def __init__(self, cfg: Config):
         cfg = copy.deepcopy(cfg)  # the caller's config is never modified
         self.ablation = ablations.get(cfg.ablation)  # Table 3; its config changes are load_config's
@@ -337,9 +340,13 @@ class IBRLTrainer:
         self.trained = [r.name for r in cfg.roles if not r.frozen]
         self.sampler = ScenarioSampler(scenarios, cfg.train.seed)
         commit = self._open_run_dir()
-        self._start_processes(device, commit)
-        self._start_rollout()
-        self._start_pools()
+        try:
+            self._start_processes(device, commit)
+            self._start_rollout()
+            self._start_pools()
+        except BaseException:
+            self.release_run_dir()  # a start that failed leaves the run directory free for the next attempt
+            raise
         self.updates = {r: 0 for r in self.trained}  # each role's update count (schedule, snapshot versions)
         self.skipped_in_a_row: dict[str, int] = {}  # per role: its latest updates with NaN/inf steps skipped
         self.uninformative_in_a_row: dict[str, int] = {}  # per role: its latest due iterations with every Â = 0
@@ -368,6 +375,12 @@ class IBRLTrainer:
                 f"--train.async_rollout: {self.run_dir} was trained with it and its commit holds the rollout of "
                 f"iteration {commit.ahead['iteration']}, made before the commit: resume with --train.async_rollout true"
             )
+        try:  # one writer per run directory (docs/reliability.md): a second run on it refuses, naming the first
+            self.run_lock = OutputLock(self.run_dir, "--ckpt.path").acquire()
+        except OutputInUse as e:
+            raise RunDirError(str(e)) from None
+        except OSError as e:
+            raise RunDirError(f"--ckpt.path: {self.run_dir}: {e.strerror or e}") from None
         if commit is None and cfg.ckpt.load_enable:  # nothing committed: never load a half-written checkpoint
             print(f"--ckpt.load_enable: no {STATE_FILE} in {self.run_dir}, starting from iteration 1")
             cfg.ckpt.load_enable = False
@@ -377,6 +390,9 @@ class IBRLTrainer:
                 left = f"; left as they were: {', '.join(kept)}" if kept else ""
                 print(f"--ckpt.overwrite: deleted the run in {self.run_dir} ({', '.join(deleted)}){left}", flush=True)
             cfg.ckpt.overwrite = False  # done: RUN/config.yaml reused as a --config must not delete this run
+        for name in (SYNC_CHECKS_FILE, PHASES_FILE):  # the run's append-only logs: a line torn by a crash moved aside
+            if said := repair_jsonl(self.run_dir / name):
+                print(said, flush=True)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -789,12 +805,19 @@ class IBRLTrainer:
             watch.stop()
             if self.rollouts is not None:  # a rollout in flight when the run stopped is dropped, not waited for
                 self.rollouts.shutdown(wait=False, cancel_futures=True)
+            self.release_run_dir()
         self.logger.close()
         self.rewards.close()
         return self.history
 
+    def release_run_dir(self) -> None:
+        """Let another process write the run directory (:class:`marti_ibrl.outputs.OutputLock`)."""
+        if self.run_lock is not None:
+            self.run_lock.release()
+
     def close(self) -> None:
         """Kill the run's processes (every role's ranks and engines, the frozen counterparts' engines)."""
+        self.release_run_dir()
         for stack in self.stacks.values():
             stack.kill()
         kill_actors(e for policies in self.frozen.values() for p in policies for e in p.engines)

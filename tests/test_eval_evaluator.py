@@ -287,8 +287,9 @@ def test_resume_after_crash_and_truncated_line(env, tmp_path):
     assert spy.seen == set(uids[2:])  # the first chunk was not played again
     after = lines(out)
     assert after[:4] == first  # byte-identical
-    assert after[4] == partial  # left in place, ignored
-    assert len(after) == 4 + 1 + 8
+    assert len(after) == 4 + 8  # the torn line moved aside (issue 50: it was left in the middle of the file)
+    assert out.with_name(out.name + ".torn").read_text() == partial + "\n"
+    assert all(json.loads(x) for x in after)  # every line whole
     stored = read_episodes(out)
     assert stored == eps and len(stored) == 12
     assert {e["episode_id"] for e in stored} == {episode_id(u, r, 0) for u in uids for r in ROLES}

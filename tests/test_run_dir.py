@@ -146,6 +146,7 @@ def test_starting_into_an_empty_or_a_never_saved_directory_goes_ahead(tmp_path, 
 def test_overwrite_deletes_the_old_run_and_keeps_what_train_did_not_write(tmp_path, flags, capsys) -> None:
     run = write_run(tmp_path / "run")
     (run / "notes.txt").write_text("mine")
+    (run / "phases.jsonl").write_text('{"k": 1}\n')  # issue 50: it was left, and the next run appended to it
     (run / "eval").mkdir()
     (run / "agent3" / "hf").mkdir(parents=True)  # a role of another environment's run
     (run / "agent3" / "hf" / "w").write_text("w")
@@ -153,7 +154,8 @@ def test_overwrite_deletes_the_old_run_and_keeps_what_train_did_not_write(tmp_pa
         main(["train", *flags, "--ckpt.path", str(run), "--ckpt.overwrite", "true"])
     out = capsys.readouterr().out
     assert (
-        f"--ckpt.overwrite: deleted the run in {run} (trainer_state.json, config.yaml, pool, agent1, agent2, agent3); "
+        f"--ckpt.overwrite: deleted the run in {run} (trainer_state.json, config.yaml, phases.jsonl, pool, agent1, agent2, "
+        "agent3); "
         "left as they were: eval, notes.txt" in out
     )
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "eval", "notes.txt"]
@@ -357,7 +359,12 @@ def test_the_demo_starts_over_only_in_a_run_it_made(tmp_path, capsys) -> None:
     assert start_over_flags(run) == []  # a new directory: made, and marked as the demo's
     assert json.loads((run / DEMO_RUN).read_text()) == {"made_by": "marti-ibrl demo"}
     write_run(run)
+    (run / "figures").mkdir()
+    (run / "figures" / "outcome_curves.png").write_bytes(b"png")
+    (run / "report.md").write_text("# the previous demo run\n")
     assert start_over_flags(run) == ["--ckpt.overwrite", "true"]  # `make demo` twice
+    # issue 50: the deleted run's report and figures went with it (the training files go with --ckpt.overwrite)
+    assert not (run / "report.md").exists() and not (run / "figures").exists()
     assert f"[demo] starting over in {run}: the previous demo run there is deleted" in capsys.readouterr().out
     mine = write_run(tmp_path / "mine" / "ibrl")
     with pytest.raises(ConfigError, match=r"holds a run the demo did not make \(trainer_state.json, .*another --out"):

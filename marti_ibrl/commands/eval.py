@@ -33,6 +33,23 @@ def evaluable_envs() -> list[str]:
 
 
 def cmd_eval(args) -> int:
+    """The evaluation of :func:`evaluate`, with ``--out`` this process's alone while it runs (a second ``eval`` into
+    the same ``--out`` refuses in one line naming the first: :class:`marti_ibrl.outputs.OutputLock`)."""
+    from marti_ibrl.outputs import OutputInUse, OutputLock
+
+    try:
+        lock = OutputLock(args.out, "--out").acquire()
+    except OutputInUse as e:
+        return _error(str(e))
+    except OSError as e:  # a file on the way, no permission, ...
+        return _error(f"--out {args.out}: cannot make the directory ({e.strerror or e})")
+    try:
+        return evaluate(args)
+    finally:
+        lock.release()
+
+
+def evaluate(args) -> int:
     """``--human-db``: the games people played, as tables; else the environment's evaluation (``--env``, else
     ``--run``'s environment, else the first that has one)."""
     if args.human_db:

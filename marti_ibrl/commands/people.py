@@ -155,6 +155,23 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
+    """Serve the annotation page (or print ``--report``); the database is this process's alone while it writes
+    (:class:`~.store.ServerLock`: a second ``annotate`` or ``play`` on it refuses, naming the first)."""
+    from marti_ibrl.people.store import ServerBusy, ServerLock
+
+    lock = ServerLock(args.db)
+    if not args.report:  # (a report only reads)
+        try:
+            lock.acquire(f"annotate at http://{args.host}:{args.port}/")
+        except ServerBusy as e:
+            return _fail("annotate", str(e))
+    try:
+        return _annotate(args)
+    finally:
+        lock.release()
+
+
+def _annotate(args: argparse.Namespace) -> int:
     from marti_ibrl.people.store import Store
 
     if args.report:

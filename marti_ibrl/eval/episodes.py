@@ -1,12 +1,13 @@
 """What every evaluation shares: ``NAME=SPEC`` names on the command line (:func:`parse_named`) and the episode
-files, one JSONL line per finished episode (:func:`read_episodes` skips a line cut by a kill; :func:`ends_mid_line`
-says whether the next append must start a new line).
+files, one JSONL line per finished episode (:func:`read_episodes` skips a line cut by a kill; :func:`resume_episodes`
+moves it aside before an evaluation appends).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,10 +54,14 @@ def read_episodes(path: Path) -> list[dict]:
     return out
 
 
-def ends_mid_line(path: Path) -> bool:
-    """Whether a non-empty file's last line has no newline."""
-    if path.stat().st_size == 0:
-        return False
-    with path.open("rb") as f:
-        f.seek(-1, 2)
-        return f.read(1) != b"\n"
+def resume_episodes(path: Path) -> list[dict]:
+    """The episodes of a file about to be appended to: a last line torn by a crash is first moved aside
+    (:func:`marti_ibrl.outputs.repair_jsonl`, said on stderr), so the next episode starts on a line of its own."""
+    from tqdm import tqdm
+
+    from marti_ibrl.outputs import repair_jsonl
+
+    said = repair_jsonl(path)
+    if said:
+        tqdm.write(said, file=sys.stderr)
+    return read_episodes(path)

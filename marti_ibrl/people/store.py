@@ -25,9 +25,7 @@ turn keeps no other game waiting. One server at a time serves a database (:class
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import socket
 import sqlite3
 import threading
 import time
@@ -35,6 +33,8 @@ from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from marti_ibrl.outputs import OutputInUse, OutputLock, describe
 
 LABELS = ("yes", "no", "unclear")
 """An annotator's answer to "consented to add WeChat?"."""
@@ -95,37 +95,30 @@ class ServerBusy(ValueError):
 
 
 class ServerLock:
-    """The one server of the database at ``db``: an exclusive ``flock`` on ``DB.lock`` beside it, held while the
-    server runs and released by the system when its process ends, however it ends (a stale file locks nothing). The
-    owner writes its pid, host, start time and link into the file, so a second server can say who holds it."""
+    """The one server of the database at ``db`` (:class:`marti_ibrl.outputs.OutputLock` on ``DB.lock`` beside it:
+    an exclusive ``flock`` held while the server runs, released by the system when its process ends, however it
+    ends; the record says who holds it, so a second server can name it)."""
 
     def __init__(self, db: str | Path) -> None:
         self.db = Path(db)
-        self.path = Path(f"{self.db}.lock")
-        self._fd: int | None = None
+        self._lock: OutputLock | None = None
 
     def acquire(self, link: str) -> None:
         """Hold the lock, or :class:`ServerBusy` naming the owner (nothing else is touched)."""
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        lock = OutputLock(self.db, "--db", directory=False, note=link)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            owner = os.read(fd, 1000).decode("utf-8", "replace").strip() or "a process that wrote nothing yet"
-            os.close(fd)
+            lock.acquire()
+        except OutputInUse as e:
+            h = e.holder
+            owner = f"{describe(h).split(' (')[0]}, since {h.get('since', '?')}, at {h.get('note', '?')}"
             raise ServerBusy(f"{self.db} is served by another `marti-ibrl` server ({owner}); stop it, or give "
                              "another --db") from None  # fmt: skip
-        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}, at {link}".encode())
-        self._fd = fd
+        self._lock = lock
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the file releases the lock; the file stays (deleting it would race)
-            self._fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 class Store:

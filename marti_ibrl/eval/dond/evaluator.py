@@ -28,7 +28,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from marti_ibrl.eval.episodes import SELF, Named, ends_mid_line, read_episodes
+from marti_ibrl.eval.episodes import SELF, Named, read_episodes, resume_episodes
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.runner import DialogueRunner, Policy
 
@@ -151,7 +151,7 @@ class Evaluator:
         One stream keeps the policy's batches full across pairs: its turns against every counterpart go to its
         engines together, and a pair's last long dialogues overlap the next pair's first ones.
         """
-        played = [read_episodes(out) for _, out in counterparts]
+        played = [resume_episodes(out) for _, out in counterparts]  # (a line torn by a crash moved aside)
         done = [{e["episode_id"] for e in episodes} for episodes in played]
         todo = []  # (pair index, scenario index, uid, scenario, policy_role)
         for k in range(len(counterparts)):
@@ -173,9 +173,6 @@ class Evaluator:
             out.parent.mkdir(parents=True, exist_ok=True)
         files = [out.open("a") for _, out in counterparts]
         try:
-            for (_, out), f in zip(counterparts, files):
-                if ends_mid_line(out):  # killed mid-write: start on a fresh line (the partial one is ignored)
-                    f.write("\n")
             per_run = max(1, self.chunk * self.flush_every // samples)  # scenario-seats per runner call
             for start in range(0, len(todo), per_run):
                 batch = todo[start : start + per_run]

@@ -47,8 +47,7 @@ from typing import Any
 from tqdm import tqdm
 
 from marti_ibrl.envs.telesales.profiles import profile_id
-from marti_ibrl.eval.episodes import ends_mid_line as ends_mid_line
-from marti_ibrl.eval.episodes import read_episodes
+from marti_ibrl.eval.episodes import read_episodes, resume_episodes
 from marti_ibrl.eval.telesales.agents import Auditor, PromptedSalesAgent, UserSimulator, compile_stories
 from marti_ibrl.eval.telesales.env import EvalCase, TeleSalesEvalEnv
 from marti_ibrl.eval.telesales.metrics import summarize, table_markdown
@@ -202,7 +201,7 @@ class TeleSalesEvaluator:
         """Play policy ``name`` (a prompted endpoint agent, or a checkpoint directory) on every profile, ``samples``
         calls each, appending to ``out``; returns every record of ``out`` (episode_id -> record)."""
         out.parent.mkdir(parents=True, exist_ok=True)
-        records = load_episodes(out)
+        records = {rec["episode_id"]: rec for rec in resume_episodes(out)}  # (a line torn by a crash moved aside)
         done = {eid for eid, rec in records.items() if not (self.retry_failed and rec["failed"])}
         todo = [p for p in self.profiles if any(episode_id(profile_id(p), g) not in done for g in range(self.samples))]
         if not todo:
@@ -213,8 +212,6 @@ class TeleSalesEvaluator:
         policy, env = self._policy(name, sales) if playable else (None, None)
         try:
             with out.open("a", encoding="utf-8") as f:
-                if ends_mid_line(out):  # killed mid-write: start on a fresh line (the partial one is ignored)
-                    f.write("\n")
                 for p in todo:
                     failure = stories[profile_id(p)]
                     if isinstance(failure, ChatFailure):
