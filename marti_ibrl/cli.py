@@ -16,13 +16,21 @@ import sys
 DESCRIPTION = "IB-RL: two LLM policies trained together, each with its own reward, groups, optimizer and pools."
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (the usage is one ``--help`` away) and exit 2; every subcommand's
+    parser is one too (``add_subparsers`` makes its parsers of the parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand, in ``--help`` order: training, the environments' own, planning, evaluation, the rest."""
     from marti_ibrl.commands import demo, diagnose, export_merged, model, patch, people, plan, report, train
     from marti_ibrl.commands import eval as evaluation
     from marti_ibrl.envs import registry
 
-    parser = argparse.ArgumentParser(prog="marti-ibrl", description=DESCRIPTION)
+    parser = Parser(prog="marti-ibrl", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     train.add_train_parser(sub)
     for spec in registry.specs():  # each environment's own subcommands
@@ -45,11 +53,14 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet.install()  # the start-up notices nobody can act on (pynvml, Ray's tip, DeepSpeed's CPU line)
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    if args.command in ("train", "plan"):
-        args.flags = rest  # dotted flags are the config's business (marti_ibrl.config.load_config)
-    elif rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:  # a usage error is one line and exit 2 (Parser.error), --help exit 0: returned, as a handler's code
+        args, rest = parser.parse_known_args(argv)
+        if args.command in ("train", "plan"):
+            args.flags = rest  # dotted flags are the config's business (marti_ibrl.config.load_config)
+        elif rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     return int(args.func(args) or 0)
 
 

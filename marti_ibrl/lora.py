@@ -32,8 +32,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from marti_ibrl.checkpoints import ADAPTER_CONFIG  # noqa: F401 (re-exported: lora.ADAPTER_CONFIG)
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 MERGED_RECORD = "merged_from.json"
 """What :func:`servable_checkpoint` writes beside a merged checkpoint: the adapter and base it was made from."""
 ALL_LINEAR = "all-linear"

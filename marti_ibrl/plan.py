@@ -230,12 +230,23 @@ def _table_key(text: str) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
+def _config_json(file: Path, source: str) -> dict:
+    """A config.json's object, or a PlanError naming ``source`` (not JSON, not an object)."""
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise PlanError(f"{source}: not a JSON config ({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(config, dict):
+        raise PlanError(f"{source}: not a config.json (a JSON {type(config).__name__}, not an object)")
+    return config
+
+
 def resolve_model(path: str, model_config: str | None, config_file: str | None) -> ModelSpec:
     """A checkpoint's size: its config.json when it exists; else ``--model-config`` (a MODEL_TABLE key or a
     config.json); else the table entry named in the checkpoint path, or in the recipe's file name."""
     own = Path(path) / "config.json"
     if own.is_file():
-        return model_spec(json.loads(own.read_text()), str(own))
+        return model_spec(_config_json(own, str(own)), str(own))
     if model_config:
         if model_config.lower() in MODEL_TABLE:
             key = model_config.lower()
@@ -245,7 +256,7 @@ def resolve_model(path: str, model_config: str | None, config_file: str | None) 
         if not file.is_file():
             known = " | ".join(MODEL_TABLE)
             raise PlanError(f"--model-config: expected {known} or a config.json, got {model_config!r}")
-        return model_spec(json.loads(file.read_text()), str(file))
+        return model_spec(_config_json(file, f"--model-config {file}"), str(file))
     for name, where in ((path, "checkpoint name"), (Path(config_file or "").name, "recipe name")):
         key = _table_key(name)
         if key:

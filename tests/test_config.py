@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_model import fake_checkpoint
 
 from marti_ibrl.config import ConfigError, load_config
 
@@ -20,9 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def ckpt(tmp_path: Path) -> str:
-    d = tmp_path / "ckpt"
-    d.mkdir()
-    return str(d)
+    return str(fake_checkpoint(tmp_path / "ckpt"))
 
 
 @pytest.fixture
@@ -529,14 +528,12 @@ def test_heldout_bots_are_refused_as_training_counterparts(ckpt: str, frozen: st
 
 def test_rollout_engine_choices_and_vllm_cpu_head_dim(tmp_path: Path, base: list[str]) -> None:
     """``--rollout.engine``: auto | vllm | hf; vLLM on CPU refuses, up front, a model whose heads are under 32 wide."""
-    import json
 
     with pytest.raises(ConfigError, match=r"^--rollout.engine: must be one of \('auto', 'vllm', 'hf'\)$"):
         load_config([*base, "--rollout.engine", "sglang"])
     narrow, wide = tmp_path / "narrow", tmp_path / "wide"
     for d, heads in ((narrow, 4), (wide, 2)):
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": heads}))
+        fake_checkpoint(d, {"hidden_size": 64, "num_attention_heads": heads})
     flags = ["--rollout.engine", "vllm", "--train.device", "cpu", "--role2.pretrain", str(wide)]
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ConfigError, match="^--rollout.engine: vllm is not installed"):

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from fake_model import fake_checkpoint
 
 from marti_ibrl.cli import main
 
@@ -169,7 +170,7 @@ def test_eval_cli_end_to_end(tmp_path, monkeypatch, capsys):
         (["--policy", "p=/no/such/dir", "--counterpart", "bot:greedy"], "--policy p=/no/such/dir: not a checkpoint"),
         (["--policy", "p=bot:greedy", "--counterpart", "bot:fair"], "not a checkpoint directory"),
         (["--policy", "p={ckpt}"], "nothing to play"),
-        (["--policy", "p={ckpt}", "--self-play", "--batch", "0"], "--batch, --num-engines and -n must be >= 1"),
+        (["--policy", "p={ckpt}", "--self-play", "--batch", "0"], "argument --batch: expected a number >= 1, got 0"),
         (["--policy", "p={ckpt}", "--counterpart", "zzz:1"], "unknown player kind"),
         (["--policy", "p={ckpt}", "--counterpart", "heldout:hardlinr"], "unknown held-out bot 'hardlinr'"),
         (["--policy", "p={ckpt}", "--in-system", "p=bot:nope"], "unknown scripted bot 'nope'"),
@@ -204,10 +205,13 @@ def test_eval_cli_errors(tmp_path, capsys, monkeypatch, extra, message):
 
 @pytest.fixture
 def model_dir(tmp_path) -> Path:
-    """A directory that passes for a checkpoint before any engine reads it (its config.json)."""
+    """A directory that passes for a checkpoint before any engine reads it (its config.json, whole weights)."""
+    from safetensors.torch import save_file
+
     ckpt = tmp_path / "model"
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
+    save_file({"w": __import__("torch").zeros(2)}, str(ckpt / "model.safetensors"))
     return ckpt
 
 
@@ -227,8 +231,14 @@ def model_dir(tmp_path) -> Path:
             ["--policy", "p={model}", "--counterpart", "endpoint:m@http://127.0.0.1:9/v1#H36_UNSET_KEY"],
             "the API key variable H36_UNSET_KEY is not set",
         ),  # fmt: skip
-        (["--policy", "p={model}", "--self-play", "--temperature", "-1"], "--temperature must be >= 0"),
-        (["--policy", "p={model}", "--self-play", "--top-p", "0"], "--top-p must lie in (0, 1]"),
+        (
+            ["--policy", "p={model}", "--self-play", "--temperature", "-1"],
+            "argument --temperature: expected a finite number >= 0, got -1",
+        ),
+        (
+            ["--policy", "p={model}", "--self-play", "--top-p", "0"],
+            "argument --top-p: expected a finite number > 0 and <= 1, got 0",
+        ),
         (["--policy", "p={model}", "--self-play", "--max-len", "48"], "need 1 <= --max-new-tokens < --max-len"),
         (["--policy", "p={model}", "--self-play", "--out", "{file}"], "--out {file} is a file; give a directory"),
         (
@@ -293,8 +303,7 @@ def test_eval_out_of_another_evaluation_refused_same_one_resumes(tmp_path, capsy
         main(base)
     assert main(base + ["--max-resamples", "1"]) == 2 and "max_resamples 2 -> 1" in capsys.readouterr().err
     # another evaluation's episodes: refused in one line that names what differs and the way on
-    other = tmp_path / "other"
-    other.mkdir()
+    other = fake_checkpoint(tmp_path / "other")
     (other / "config.json").write_text("{}")
     for argv, differs in [
         (base + ["--temperature", "0.7"], "temperature 1.0 -> 0.7"),

@@ -127,7 +127,7 @@ def test_annotate_on_a_database_in_use_refuses(tmp_path, capsys) -> None:
     db = tmp_path / "labels.sqlite"
     holder = Holder(db, "--db", directory=False)
     try:
-        code = main(["annotate", "--blind", "--db", str(db), "--port", "0"])
+        code = main(["annotate", "--blind", "--db", str(db), "--port", "8765"])
     finally:
         holder.stop()
     err = capsys.readouterr().err.strip().splitlines()

@@ -103,7 +103,7 @@ def test_play_refuses_other_hosts_without_token(monkeypatch, tmp_path, capsys) -
     assert main(["play", "--policy", "bot:greedy", "--env", "telesales", "--db", str(db)]) == 2
     assert "scripted bots play Deal-or-No-Deal only" in capsys.readouterr().err and not db.exists()
     assert main(["play", "--policy", str(tmp_path), "--env", "dond", "--db", str(db)]) == 2
-    assert "not an HF checkpoint directory" in capsys.readouterr().err and not db.exists()
+    assert "is not a model (no config.json" in capsys.readouterr().err and not db.exists()
 
 
 def test_dond_deal_scored_by_the_env(dond) -> None:

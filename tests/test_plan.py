@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -10,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_model import fake_checkpoint
 
 from marti_ibrl.cli import main as cli_main
 from marti_ibrl.config import ConfigError, load_config
@@ -28,10 +28,7 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("ckpts")
     out = {}
     for key, text in MODEL_TABLE.items():
-        path = root / key
-        path.mkdir()
-        (path / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text}))
-        out[key] = str(path)
+        out[key] = str(fake_checkpoint(root / key, {"model_type": "qwen3_5", "text_config": text}))
     return out
 
 
@@ -118,9 +115,8 @@ TINY_QWEN2 = {
 
 
 def _tiny_qwen2(tmp_path: Path) -> str:
-    """A checkpoint directory holding only TINY_QWEN2's config.json (what the plan reads)."""
-    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN2))
-    return str(tmp_path)
+    """A checkpoint directory holding TINY_QWEN2's config.json (what the plan reads) and stand-in weights."""
+    return str(fake_checkpoint(tmp_path, TINY_QWEN2))
 
 
 def test_hand_computed_placement_and_memory(tmp_path):

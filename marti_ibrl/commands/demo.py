@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from marti_ibrl.commands.argtypes import int_range
+
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from marti_ibrl.demo import main as demo_main
@@ -15,7 +17,7 @@ def add_demo_parser(sub) -> None:
     demo = sub.add_parser("demo", help="the embedded CPU default: tiny model, SFT warm start, IB-RL on DoND")
     demo.add_argument("--config", default="recipes/dond/tiny-cpu.yaml", help="IB-RL recipe (YAML)")
     demo.add_argument("--out", default="runs/demo", help="output directory")
-    demo.add_argument("--iterations", type=int, default=None, help="IB-RL iterations (default: the recipe's)")
+    demo.add_argument("--iterations", type=int_range(1), default=None, help="IB-RL iterations (default: the recipe's)")
     demo.add_argument(
         "--model",
         default="tiny",

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from marti_ibrl.commands.argtypes import MAX_SCENARIOS, int_range
 from marti_ibrl.eval import diagnose as diagnostics
 from marti_ibrl.eval.diagnose import diagnose, run_config
 
@@ -19,7 +20,7 @@ def add_diagnose_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("run_dir")
     p.add_argument("--role", required=True, help="the role whose checkpoints are diagnosed")
-    p.add_argument("-n", "--num-scenarios", type=int, default=50)
+    p.add_argument("-n", "--num-scenarios", type=int_range(1, MAX_SCENARIOS), default=50)
     p.add_argument("--fixed", default=None, help="fixed counterpart SPEC (default: the other role's step-0 checkpoint)")
     p.add_argument("--scenario-seed", type=int, default=20261)
     p.add_argument(

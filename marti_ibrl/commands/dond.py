@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from marti_ibrl.commands.argtypes import MAX_SCENARIOS, int_range
 from marti_ibrl.envs.dond.game import is_complementary, utility
 from marti_ibrl.envs.dond.scenarios import LewisRecord, generate_scenarios, parse_lewis_line
 
@@ -83,7 +84,7 @@ def add_dond_subparsers(subparsers: Any) -> argparse.ArgumentParser:
     sub = dond.add_subparsers(dest="dond_command", required=True)
 
     sample = sub.add_parser("sample", help="print generated scenarios as JSON lines")
-    sample.add_argument("-n", type=int, default=10, help="number of scenarios")
+    sample.add_argument("-n", type=int_range(1, MAX_SCENARIOS), default=10, help="number of scenarios")
     sample.add_argument("--seed", type=int, default=0)
     sample.set_defaults(func=cmd_sample)
 

@@ -18,8 +18,10 @@ turns the games people played in the browser (``marti-ibrl play``) into the same
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 
+from marti_ibrl.commands.argtypes import MAX_SAMPLES, MAX_SCENARIOS, float_range, int_range
 from marti_ibrl.eval.dond.command import run_setting_defaults
 from marti_ibrl.eval.engines import add_engine_argument
 
@@ -35,8 +37,12 @@ def evaluable_envs() -> list[str]:
 def cmd_eval(args) -> int:
     """The evaluation of :func:`evaluate`, with ``--out`` this process's alone while it runs (a second ``eval`` into
     the same ``--out`` refuses in one line naming the first: :class:`marti_ibrl.outputs.OutputLock`)."""
+    from pathlib import Path
+
     from marti_ibrl.outputs import OutputInUse, OutputLock
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        return evaluate(args)  # (refused there in one line; nothing to lock)
     try:
         lock = OutputLock(args.out, "--out").acquire()
     except OutputInUse as e:
@@ -45,6 +51,15 @@ def cmd_eval(args) -> int:
         return _error(f"--out {args.out}: cannot make the directory ({e.strerror or e})")
     try:
         return evaluate(args)
+    except OSError as e:  # the disk filled up (or went read-only) under the episodes: every finished one is kept
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
+            raise
+        print(
+            f"marti-ibrl eval: error: --out {args.out}: {e.strerror} ({e.filename or 'writing'}); every finished "
+            "episode is kept: make room and run the same command again to resume",
+            file=sys.stderr,
+        )
+        return 4
     finally:
         lock.release()
 
@@ -126,9 +141,9 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
         f"{', '.join(evaluable_envs())}",
     )
     p.add_argument("--data", default=None, help="Lewis-format test file (default: generated scenarios)")
-    p.add_argument("-n", "--num-scenarios", type=int, default=1000)
+    p.add_argument("-n", "--num-scenarios", type=int_range(1, MAX_SCENARIOS), default=1000)
     p.add_argument("--scenario-seed", type=int, default=20260, help="generator seed (not the training seed)")
-    p.add_argument("--samples", type=int, default=1, help="episodes per scenario and seat")
+    p.add_argument("--samples", type=int_range(1, MAX_SAMPLES), default=1, help="episodes per scenario and seat")
     p.add_argument(
         "--run",
         default=None,
@@ -148,19 +163,21 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="show offers with the units they leave the listener (as training with --env.show_complement true)",
     )
-    p.add_argument("--max-rounds", type=int, default=None, help=default["max_rounds"])
+    p.add_argument("--max-rounds", type=int_range(1), default=None, help=default["max_rounds"])
     p.add_argument(
         "--max-resamples",
-        type=int,
+        type=int_range(0),
         default=None,
         help=f"re-samples of a malformed turn before it counts as no deal ({default['max_resamples']})",
     )
-    p.add_argument("--temperature", type=float, default=None, help=default["temperature"])
-    p.add_argument("--top-p", type=float, default=None, help=default["top_p"])
-    p.add_argument("--max-new-tokens", type=int, default=None, help=default["max_new_tokens"])
-    p.add_argument("--max-len", type=int, default=None, help=default["max_len"])
-    p.add_argument("--num-engines", type=int, default=1, help="rollout engines per checkpoint")
-    p.add_argument("--batch", type=int, default=64, help="episodes played concurrently (split across the engines)")
+    p.add_argument("--temperature", type=float_range(0), default=None, help=default["temperature"])
+    p.add_argument("--top-p", type=float_range(0, 1, lo_open=True), default=None, help=default["top_p"])
+    p.add_argument("--max-new-tokens", type=int_range(1), default=None, help=default["max_new_tokens"])
+    p.add_argument("--max-len", type=int_range(2), default=None, help=default["max_len"])
+    p.add_argument("--num-engines", type=int_range(1), default=1, help="rollout engines per checkpoint")
+    p.add_argument(
+        "--batch", type=int_range(1), default=64, help="episodes played concurrently (split across the engines)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     add_engine_argument(p)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from marti_ibrl.commands.argtypes import PORT, int_range
 from marti_ibrl.models import MANIFEST, MODELS, ModelError, get
 
 
@@ -25,8 +26,8 @@ def add_model_parser(sub) -> None:
     serve.add_argument("model", help="an HF checkpoint directory (e.g. what `get` wrote)")
     serve.add_argument("--name", default=None, help="the model name requests use (default: the directory's name)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument("--port", type=PORT, default=8000)
+    serve.add_argument("--max-model-len", type=int_range(2), default=None)
     serve.set_defaults(func=_cmd_serve)
 
 

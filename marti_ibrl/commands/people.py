@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
+
+from marti_ibrl.commands.argtypes import MAX_SCENARIOS, PORT, float_range, int_range
 
 
 def _bind_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,7 +22,7 @@ def _bind_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--db", required=True, help="the SQLite file (created if new)")
     p.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=PORT, default=8000)
     p.add_argument("--token", default=None, help=f"required off 127.0.0.1 (or set {TOKEN_ENV}); link: /?token=...")
     p.add_argument("--max-message-chars", type=int, default=MAX_MESSAGE,
                    help=f"longest message (play) or note (annotate) a page may send; longer is refused (default "
@@ -63,16 +66,22 @@ def add_people_parsers(subparsers: Any) -> None:
     play.add_argument("--env", required=True, choices=playable_envs(), help="an environment a person can play")
     _bind_arguments(play)
     play.add_argument("--name", default=None, help="the policy's name in the tables (default: from --policy)")
-    play.add_argument("-n", "--num-scenarios", type=int, default=100, help="scenarios / evaluation profiles to cycle")
+    play.add_argument(
+        "-n",
+        "--num-scenarios",
+        type=int_range(1, MAX_SCENARIOS),
+        default=100,
+        help="scenarios / evaluation profiles to cycle",
+    )
     play.add_argument("--scenario-seed", type=int, default=20260, help="DoND scenario / TeleSales profile seed")
     play.add_argument("--data", default=None, help="DoND: Lewis-format file; TeleSales: evaluation profiles JSONL")
     play.add_argument("--prompt-style", default="paper", choices=["paper", "compact"], help="DoND role prompt")
     play.add_argument("--show-complement", action="store_true", help="DoND: as training with --env.show_complement")
-    play.add_argument("--max-rounds", type=int, default=10, help="DoND rounds")
+    play.add_argument("--max-rounds", type=int_range(1), default=10, help="DoND rounds")
     play.add_argument("--lang", default="en", choices=["en", "zh"], help="TeleSales prompts")
-    play.add_argument("--temperature", type=float, default=1.0)
-    play.add_argument("--top-p", type=float, default=1.0)
-    play.add_argument("--max-new-tokens", type=int, default=64)
+    play.add_argument("--temperature", type=float_range(0), default=1.0)
+    play.add_argument("--top-p", type=float_range(0, 1, lo_open=True), default=1.0)
+    play.add_argument("--max-new-tokens", type=int_range(1), default=64)
     play.add_argument("--seed", type=int, default=0)
     play.set_defaults(func=cmd_play)
 
@@ -133,6 +142,8 @@ def cmd_play(args: argparse.Namespace) -> int:
         check_bind(args.host, token)
         _check_limits(args)
         lock.acquire(f"http://{args.host}:{args.port}/")
+        if Path(args.db).exists():  # an existing file is SQLite and ours (a new one is made once the port is bound)
+            Store(args.db).close()
         game = build_game(args)
         sock = bind(args.host, args.port)
     except ValueError as e:
@@ -179,7 +190,10 @@ def _annotate(args: argparse.Namespace) -> int:
 
         if args.episodes:
             return _fail("annotate", "--report reads the database only: give no episode files")
-        print(report_markdown(report(Store(args.db))), end="")
+        try:
+            print(report_markdown(report(Store(args.db))), end="")
+        except ValueError as e:
+            return _fail("annotate", str(e))
         return 0
     from marti_ibrl.people.annotate import Annotation, load_calls
     from marti_ibrl.people.app import bind, check_bind, create_app, resolve_token, serve

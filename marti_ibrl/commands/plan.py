@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from marti_ibrl.commands.argtypes import float_range, int_range
 from marti_ibrl.config import ConfigError
 from marti_ibrl.plan import MODEL_TABLE, PlanError, format_plan, make_plan, parse_flags
 
@@ -19,9 +20,11 @@ def add_plan_parser(sub) -> None:
         "allocation below. Exit 2 when the job does not fit.",
         allow_abbrev=False,
     )
-    plan.add_argument("--nodes", type=int, default=None, help="nodes of the allocation (default: as many as needed)")
-    plan.add_argument("--gpus-per-node", type=int, default=8, help="default: 8")
-    plan.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default: 80)")
+    plan.add_argument(
+        "--nodes", type=int_range(1), default=None, help="nodes of the allocation (default: as many as needed)"
+    )
+    plan.add_argument("--gpus-per-node", type=int_range(1), default=8, help="default: 8")
+    plan.add_argument("--gpu-memory", type=float_range(0, lo_open=True), default=80.0, help="GiB per GPU (default: 80)")
     plan.add_argument(
         "--model-config",
         default=None,

@@ -28,6 +28,7 @@ import os
 import sys
 from typing import Any
 
+from marti_ibrl.commands.argtypes import MAX_SAMPLES, MAX_SCENARIOS, float_range, int_range
 from marti_ibrl.envs.telesales.env import SEATS, TeleSalesEnv
 from marti_ibrl.envs.telesales.transcripts import TranscriptError, load_transcripts, records_for_role
 
@@ -157,11 +158,11 @@ def add_sft_parser(subparsers: Any, old_name: bool = False) -> argparse.Argument
     p.add_argument(
         "--out", required=True, metavar="DIR", help="the checkpoint directory (also sft_data.jsonl, sft.log)"
     )
-    p.add_argument("--epochs", type=int, default=1, help="default: 1")
-    p.add_argument("--lr", type=float, default=1e-5, help="default: 1e-5")
-    p.add_argument("--batch-size", type=int, default=16, help="records per optimizer step (default: 16)")
-    p.add_argument("--micro-batch-size", type=int, default=1, help="records per forward pass (default: 1)")
-    p.add_argument("--max-len", type=int, default=4096, help="tokens per record (default: 4096)")
+    p.add_argument("--epochs", type=int_range(1), default=1, help="default: 1")
+    p.add_argument("--lr", type=float_range(0, lo_open=True), default=1e-5, help="default: 1e-5")
+    p.add_argument("--batch-size", type=int_range(1), default=16, help="records per optimizer step (default: 16)")
+    p.add_argument("--micro-batch-size", type=int_range(1), default=1, help="records per forward pass (default: 1)")
+    p.add_argument("--max-len", type=int_range(2), default=4096, help="tokens per record (default: 4096)")
     p.add_argument("--seed", type=int, default=42, help="default: 42")
     p.add_argument(
         "--lenient", action="store_true", help="skip bad calls (each reported, then counted) instead of failing"
@@ -201,7 +202,7 @@ def add_profiles_parser(subparsers: Any) -> argparse.ArgumentParser:
         "profiles", help="generate customer profiles as JSON lines (paper Appendix D; training 28, eval 40 attributes)"
     )
     profiles.add_argument("--split", default="eval", help="train | eval (default: eval)")
-    profiles.add_argument("-n", type=int, default=500, help="number of profiles (default: 500)")
+    profiles.add_argument("-n", type=int_range(1, MAX_SCENARIOS), default=500, help="number of profiles (default: 500)")
     profiles.add_argument("--seed", type=int, default=0)
     profiles.add_argument("--out", default="-", help="output JSONL file, or - for stdout (default)")
     profiles.set_defaults(func=cmd_telesales_profiles)
@@ -450,39 +451,54 @@ def add_telesales_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--auditor", metavar="MODEL@URL[#KEY_ENV]", help="post-call auditor (Table 12; default: simulator)")
     p.add_argument("--no-audit", action="store_true", help="skip the Table 12 audit (no hallucination rate)")
     p.add_argument("--profiles", metavar="FILE.jsonl", help="evaluation profiles (marti-ibrl telesales profiles)")
-    p.add_argument("-n", type=int, default=None, help="number of profiles (default: all of --profiles, else 500)")
+    p.add_argument(
+        "-n",
+        type=int_range(1, MAX_SCENARIOS),
+        default=None,
+        help="number of profiles (default: all of --profiles, else 500)",
+    )
     p.add_argument("--seed", type=int, default=0, help="profile generator seed without --profiles; sampling seed")
-    p.add_argument("--samples", type=int, default=3, help="independent calls per profile (default: 3)")
+    p.add_argument(
+        "--samples", type=int_range(1, MAX_SAMPLES), default=3, help="independent calls per profile (default: 3)"
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--stories", metavar="DIR", help="story cache directory (default: OUT/stories/LANG)")
-    p.add_argument("--concurrency", type=int, default=16, help="calls in play and requests per endpoint (default 16)")
-    p.add_argument("--batch", type=int, default=None, help="calls per written batch (default: 4 x --concurrency)")
+    p.add_argument(
+        "--concurrency", type=int_range(1), default=16, help="calls in play and requests per endpoint (default 16)"
+    )
+    p.add_argument(
+        "--batch", type=int_range(1), default=None, help="calls per written batch (default: 4 x --concurrency)"
+    )
     p.add_argument("--lang", default="en", help="prompt language (default: en)")
     p.add_argument(
         "--max-turns",
-        type=int,
+        type=int_range(1),
         default=None,
         help="turns per call, both roles counted (default: 2 x the profile's case_control.max_turns)",
     )
-    p.add_argument("--temperature", type=float, default=1.0, help="policy sampling (default: 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0, help="policy sampling (default: 1.0)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="policy tokens per turn (default: 256)")
-    p.add_argument("--max-len", type=int, default=4096, help="a checkpoint's context (default: 4096)")
+    p.add_argument("--temperature", type=float_range(0), default=1.0, help="policy sampling (default: 1.0)")
+    p.add_argument("--top-p", type=float_range(0, 1, lo_open=True), default=1.0, help="policy sampling (default: 1.0)")
+    p.add_argument("--max-new-tokens", type=int_range(1), default=256, help="policy tokens per turn (default: 256)")
+    p.add_argument("--max-len", type=int_range(2), default=4096, help="a checkpoint's context (default: 4096)")
     p.add_argument(
         "--simulator-temperature",
-        type=float,
+        type=float_range(0),
         default=0.7,
         help="simulator and story-compiler sampling (default: 0.7; the auditor uses 0)",
     )
     p.add_argument(
         "--simulator-max-new-tokens",
-        type=int,
+        type=int_range(1),
         default=1024,
         help="longest reply of the simulator, story compiler and auditor (default: 1024 tokens)",
     )
-    p.add_argument("--max-retries", type=int, default=4, help="retries per request (default: 4)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default: 120)")
-    p.add_argument("--backoff", type=float, default=1.0, help="base of the exponential retry backoff (default: 1 s)")
+    p.add_argument("--max-retries", type=int_range(0), default=4, help="retries per request (default: 4)")
+    p.add_argument(
+        "--timeout", type=float_range(0, lo_open=True), default=120.0, help="seconds per request (default: 120)"
+    )
+    p.add_argument(
+        "--backoff", type=float_range(0), default=1.0, help="base of the exponential retry backoff (default: 1 s)"
+    )
     p.add_argument(
         "--structured",
         default="auto",
@@ -490,7 +506,7 @@ def add_telesales_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="send each reply's JSON schema (structured outputs): auto falls back to JSON mode once an endpoint "
         "refuses it, on always sends it, off never does; replies are validated either way (default: auto)",
     )
-    p.add_argument("--num-engines", type=int, default=1, help="rollout engines per checkpoint (default: 1)")
+    p.add_argument("--num-engines", type=int_range(1), default=1, help="rollout engines per checkpoint (default: 1)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     from marti_ibrl.eval.engines import add_engine_argument
 

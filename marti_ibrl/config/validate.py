@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from marti_ibrl.algorithm.ablations import ABLATIONS
+from marti_ibrl.checkpoints import checkpoint_problem
 from marti_ibrl.config.schema import (
     COLOCATE,
     ENGINES,
@@ -58,6 +59,15 @@ class Existence:
 
     def file(self, path: str) -> bool:
         return self._seen(Path(path).is_file(), str(path))
+
+    def model(self, path: str) -> str | None:
+        """Why the directory ``path`` is not a model that loads (:func:`marti_ibrl.checkpoints.checkpoint_problem`);
+        a dry run records it in ``assumed`` instead (the weights may be copied there before ``train`` runs)."""
+        why = checkpoint_problem(path) if Path(path).is_dir() else None
+        if why and self.assumed is not None:
+            self.assumed.append(why)
+            return None
+        return why
 
     def env(self, name: str) -> bool:
         return self._seen(name in os.environ, f"${name}")
@@ -182,6 +192,8 @@ def _validate_frozen(cfg: Config, role: RoleConfig, p: str, env, exists: Existen
         )
         if parsed["kind"] == "checkpoint":
             _need(exists.dir(parsed["path"]), f"{p}.frozen", f"not a directory: {parsed['path']}")
+            why = exists.model(parsed["path"])
+            _need(why is None, f"{p}.frozen", str(why))
         if parsed["kind"] == "bot":  # else the typo surfaces only after Ray and the engines started
             _need(
                 env.training_bots is not None,
@@ -202,6 +214,8 @@ def _validate_trained_role(cfg: Config, role: RoleConfig, p: str, exists: Existe
     """A trained role's model, optimisation, engines and LoRA settings."""
     _need(bool(role.pretrain), f"{p}.pretrain", f"a checkpoint path is required (or --{p}.frozen for a baseline)")
     _need(exists.dir(role.pretrain), f"{p}.pretrain", f"not a directory: {role.pretrain}")
+    why = exists.model(role.pretrain)  # a model that loads: else a Ray ActorDiedError from inside DeepSpeed, later
+    _need(why is None, f"{p}.pretrain", str(why))
     if cfg.rollout.engine == "vllm" and cfg.train.device == "cpu":
         head_dim = model_head_dim(role.pretrain)
         _need(

@@ -15,10 +15,13 @@ def read_run_config(run: str) -> tuple[Path, Any]:
     if not path.is_file():
         raise ValueError(f"--run {run}: no config.yaml there (not a training run directory)")
     try:
-        return path, OmegaConf.load(path)
+        cfg = OmegaConf.load(path)
     except Exception as e:  # a damaged file
         reason = " ".join(str(e).split())  # YAML's errors span lines
         raise ValueError(f"--run {run}: cannot read {path}: {reason}") from None
+    if not OmegaConf.is_dict(cfg):
+        raise ValueError(f"--run {run}: {path} is not a training config (a YAML {type(cfg).__name__}, not a mapping)")
+    return path, cfg
 
 
 def env_name(cfg: Any) -> str:

@@ -38,13 +38,20 @@ def simulator_label(record: dict[str, Any]) -> str:
 def load_calls(store: Store, paths: Sequence[str | Path]) -> tuple[int, int]:
     """Register every judgeable call of the episode files (newest line of an episode id wins); (added, already
     there). ``ValueError`` names a file that is not a ``telesales eval`` episode file."""
-    from marti_ibrl.eval.telesales.evaluator import load_episodes
+    from marti_ibrl.eval.episodes import read_episodes
 
     added = known = 0
     for path in map(Path, paths):
         if not path.is_file():
             raise ValueError(f"{path}: no such episode file")
-        records = load_episodes(path)
+        try:
+            lines = read_episodes(path)
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: cannot read it ({e})") from None
+        bad = next((i for i, rec in enumerate(lines, 1) if not isinstance(rec, dict) or "episode_id" not in rec), None)
+        if bad is not None:
+            raise ValueError(f"{path}: record {bad} has no episode_id: not a `telesales eval` episode file")
+        records = {rec["episode_id"]: rec for rec in lines}  # the newest line of an episode id wins
         if not records:
             raise ValueError(f"{path}: no episodes in it")
         for eid, rec in sorted(records.items()):

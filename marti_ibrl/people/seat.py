@@ -82,6 +82,10 @@ def make_seat(spec: str, sampling: dict[str, Any], seed: int = 0) -> TextSeat | 
     text = spec if ":" in spec.split("/")[0] else f"checkpoint:{spec}"
     parsed = parse_player_spec(text)
     if parsed["kind"] == "checkpoint":
+        from marti_ibrl.checkpoints import checkpoint_problem
+
+        if why := checkpoint_problem(parsed["path"]):  # before an engine fails on it
+            raise ValueError(f"--policy {spec}: {why}")
         return CheckpointSeat(parsed["path"], sampling, seed)
     if parsed["kind"] == "endpoint":
         parsed["sampling"] = dict(sampling)

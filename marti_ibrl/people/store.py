@@ -126,12 +126,17 @@ class Store:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise ValueError(f"{self.path} is a directory; give a SQLite file (created if new)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as e:  # not SQLite, or not this project's database
+            raise ValueError(f"{self.path}: not a database marti-ibrl can use ({e})") from None
         if [r["name"] for r in self._db.execute("PRAGMA table_info(actions)") if r["pk"]] == ["id"]:
             self._db.executescript(f"BEGIN IMMEDIATE; {_ACTIONS_BY_ID_ALONE} COMMIT;")
         self._lock = threading.RLock()

@@ -64,7 +64,19 @@ def apply_run_settings(args) -> str | None:
         raise ValueError(f"--run {args.run}: a {env} run; marti-ibrl eval --env {wanted} evaluates {wanted}")
     taken, overridden = [], []
     for dest, key in RUN_SETTINGS.items():
-        trained = OmegaConf.select(cfg, key, default=defaults[dest])
+        try:
+            trained = OmegaConf.select(cfg, key, default=defaults[dest])
+        except Exception as e:  # e.g. env a list: select cannot walk it
+            raise ValueError(
+                f"--run {args.run}: {path}: {key} cannot be read ({' '.join(str(e).split())[:120]})"
+            ) from None
+        kind = type(defaults[dest])
+        if defaults[dest] is not None and not (
+            isinstance(trained, kind) or (kind is float and isinstance(trained, int) and not isinstance(trained, bool))
+        ):
+            raise ValueError(
+                f"--run {args.run}: {path} has {key}: {trained!r}, not of type {kind.__name__} (edited by hand?)"
+            )
         flag = "--" + dest.replace("_", "-")
         given = getattr(args, dest)
         if given is None:
@@ -149,15 +161,13 @@ def check_sampling(args) -> None:
 
 
 def _check_model(flag: str, named) -> None:
-    """``checkpoint:PATH`` is an HF model directory (config.json) or a peft adapter (adapter_config.json)."""
-    from marti_ibrl.lora import ADAPTER_CONFIG
+    """``checkpoint:PATH`` is an HF model directory or a peft adapter that loads (:mod:`marti_ibrl.checkpoints`)."""
+    from marti_ibrl.checkpoints import checkpoint_problem
 
-    path = Path(named.spec.removeprefix("checkpoint:"))
-    if not ((path / "config.json").is_file() or (path / ADAPTER_CONFIG).is_file()):
-        what = "no such directory" if not path.is_dir() else f"no config.json or {ADAPTER_CONFIG} there"
+    why = checkpoint_problem(named.spec.removeprefix("checkpoint:"))
+    if why:
         raise ValueError(
-            f"{flag} {named.name}: {path} is not a model ({what}); give a Hugging Face checkpoint directory such as "
-            "runs/NAME/agent1/hf"
+            f"{flag} {named.name}: {why}; give a Hugging Face checkpoint directory such as runs/NAME/agent1/hf"
         )
 
 
@@ -208,6 +218,7 @@ def evaluate(args) -> int:
         from marti_ibrl.device import resolve_device
 
         resolve_device(args.device, "--device")  # before any work: the engines start later, when first needed
+        env, scenarios = _env_and_scenarios(args)  # (a --data file that is not in Lewis format: one line)
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; give a directory (it will hold episodes/, tables.md, ...)")
@@ -223,7 +234,6 @@ def evaluate(args) -> int:
     except ValueError as e:
         print(f"marti-ibrl eval: error: {e}", file=sys.stderr)
         return 2
-    env, scenarios = _env_and_scenarios(args)
     checkpoints = sorted({spec for p, c, _ in pairs for spec in (p.spec, c.spec) if spec.startswith("checkpoint:")})
     with owned_ray():
         engines = LazyEngines(args, len(checkpoints)) if checkpoints else None
@@ -345,7 +355,12 @@ def _env_and_scenarios(args):
         show_complement=args.show_complement,
     )
     if args.data:
-        scenarios = load_lewis_file(args.data)[: args.num_scenarios]
+        try:
+            scenarios = load_lewis_file(args.data)[: args.num_scenarios]
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--data {args.data}: cannot read it ({e})") from None
+        except ValueError as e:
+            raise ValueError(f"--data {e}") from None
     else:
         scenarios = generate_scenarios(args.num_scenarios, args.scenario_seed)
     return env, [(s.uid, s) for s in scenarios]
