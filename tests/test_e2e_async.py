@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import golden
 import pytest
 from test_e2e_colocate import DUE, _timing
 
@@ -82,3 +83,9 @@ def test_engines_are_never_synced_while_they_generate(runs):
 def test_the_weights_differ_from_the_synchronous_run_and_are_finite(runs):
     assert runs["async1"]["digests"]["agent1"][0] != runs["none"]["digests"]["agent1"][0]
     assert all(math.isfinite(m["agent1/reward"]) for m in runs["async1"]["history"])
+
+
+def test_golden_trajectory(runs):
+    """What the staleness-1 seeded run learned, and its final weights: pinned (tests/golden.py)."""
+    run = runs["async1"]
+    golden.check("async1", run["history"], ["agent1", "agent2"], {r: actor for r, (actor, _) in run["digests"].items()})

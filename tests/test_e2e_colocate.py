@@ -15,6 +15,7 @@ metrics and the same weights, bit for bit.
 
 from __future__ import annotations
 
+import golden
 import pytest
 
 from marti_ibrl.phases import violations
@@ -130,3 +131,10 @@ def test_the_separate_layout_records_work_without_sleep(runs):
     records = runs["none"]["phases"]
     assert {r["event"] for r in records} == {"generate", "experience", "train", "sync"}
     assert violations(records, DUE, colocated=False) == []
+
+
+@pytest.mark.parametrize(("path", "name"), [("separate", "none"), ("colocate_all", "all")])
+def test_golden_trajectory(runs, path, name):
+    """What the separate and the colocated seeded runs learned, and their final weights: pinned (tests/golden.py)."""
+    run = runs[name]
+    golden.check(path, run["history"], ["agent1", "agent2"], {r: actor for r, (actor, _) in run["digests"].items()})

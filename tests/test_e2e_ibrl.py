@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import golden
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -150,3 +151,9 @@ def test_topology_records_what_ran(run):
         assert got["reference"] == expected_reference[role.name]
     [node] = topo["nodes"]  # the local Ray: one live node with one logical "GPU" per device slot
     assert node["alive"] and node["resources"]["GPU"] == slots and node["address"]
+
+
+def test_golden_trajectory(run):
+    """What this seeded run learned, per iteration and role, and its final weights: pinned (tests/golden.py)."""
+    _, history, digests, _ = run
+    golden.check("hf", history, ["agent1", "agent2"], {r: actor for r, (actor, _) in digests.items()})

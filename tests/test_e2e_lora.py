@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import golden
 import pytest
 import torch
 from test_e2e_ibrl import tiny_flags
@@ -286,3 +287,9 @@ def test_eval_serves_a_lora_roles_adapter_merged(run, tmp_path, capsys):
     stamp = (merged / "model.safetensors").stat().st_mtime_ns
     assert main([*argv, "--out", str(out)]) == 0  # resumed: nothing to play, nothing merged again
     assert (merged / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_golden_trajectory(run):
+    """What the LoRA roles' seeded run learned, and their final adapters: pinned (tests/golden.py)."""
+    _, _, _, history, out = run
+    golden.check("lora", history, ["agent1", "agent2"], out["adapter"])

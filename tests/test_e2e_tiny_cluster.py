@@ -27,6 +27,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import golden
 import pytest
 import torch
 from slurm_cluster import N2_ADDRESS, needs_slurm
@@ -262,3 +263,11 @@ def test_the_job_completes_on_both_ray_nodes(runs, name):
     assert sorted((n["name"], n["address"]) for n in topology["nodes"]) == [("n1", "127.0.0.2"), ("n2", N2_ADDRESS)]
     placed = {i for role in topology["trained"].values() for ids in role["placed_on"].values() for i in ids}
     assert placed == {n["node_id"] for n in topology["nodes"]}  # both roles' processes spread over both nodes
+
+
+def test_golden_trajectory(runs):
+    """What the vLLM + ZeRO-3 + pool-engine seeded run learned, and its final weights (the actors' digests that
+    --train.check_sync wrote after the last iteration): pinned (tests/golden.py)."""
+    sync = _sync(runs.a)
+    digests = {r: sync[(ITERATIONS, r)]["actor"] for r in ("agent1", "agent2")}
+    golden.check("vllm_zero3", _state(runs.a)["history"], ["agent1", "agent2"], digests)
