@@ -4,10 +4,10 @@ the separate layout. No GPU, no Ray."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from fake_model import fake_checkpoint
 from test_plan import ROOT, TINY_QWEN2, checkpoints, recipe_env, recipe_flags, sbatch_allocation  # noqa: F401
 
 from marti_ibrl.cli import main as cli_main
@@ -31,7 +31,7 @@ RECIPES = ["dond/qwen3.5-4b-colocated", "telesales/qwen3.5-4b-colocated"]
 
 @pytest.fixture
 def tiny(tmp_path) -> str:
-    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN2))
+    fake_checkpoint(tmp_path, TINY_QWEN2)
     return str(tmp_path)
 
 

@@ -4,11 +4,11 @@ fit). The end-to-end runs are tests/test_e2e_colocate.py."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import pytest
 import ray
+from fake_model import fake_checkpoint
 
 from marti_ibrl import colocate
 from marti_ibrl.config import load_config
@@ -17,7 +17,7 @@ from marti_ibrl.phases import PhaseLog, read_phases, violations
 
 @pytest.fixture
 def tiny(tmp_path) -> str:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    fake_checkpoint(tmp_path, {"model_type": "qwen2"})
     return str(tmp_path)
 
 

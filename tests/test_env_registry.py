@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_model import fake_checkpoint
 
 from marti_ibrl.config import ConfigError, EnvConfig, env_roles, load_config
 from marti_ibrl.envs import make_env, registry
@@ -87,7 +88,7 @@ def test_register_refuses_a_taken_name_and_bad_specs() -> None:
 
 
 def test_env_checks_go_through_the_specs(tmp_path: Path) -> None:
-    ckpt = str(tmp_path)
+    ckpt = str(fake_checkpoint(tmp_path / "ckpt"))
     base = ["--role1.pretrain", ckpt, "--role2.pretrain", ckpt]
     with pytest.raises(ConfigError, match=r"^--env\.lang: TeleSales prompts exist in"):
         load_config([*base, "--env.name", "telesales", "--env.lang", "xx", "--role1.reward_fn", "rule",
@@ -142,8 +143,9 @@ def test_diagnose_refuses_envs_without_interchangeable_roles(tmp_path: Path) -> 
     for name, roles in (("telesales", ["sales", "customer"]), ("dond3", ["agent1", "agent2", "agent3"])):
         with pytest.raises(ValueError, match=rf"two-role environment with interchangeable roles \(dond\), not {name}"):
             diagnosable(name, roles)
-    cfg = load_config(["--env.name", "telesales", "--role1.pretrain", str(tmp_path), "--role2.pretrain",
-                       str(tmp_path), "--role1.reward_fn", "rule", "--role2.reward_fn", "rule"])  # fmt: skip
+    ckpt = str(fake_checkpoint(tmp_path / "ckpt"))
+    cfg = load_config(["--env.name", "telesales", "--role1.pretrain", ckpt, "--role2.pretrain",
+                       ckpt, "--role1.reward_fn", "rule", "--role2.reward_fn", "rule"])  # fmt: skip
     (tmp_path / "config.yaml").write_text(to_yaml(cfg))
     with pytest.raises(ValueError, match="not telesales"):
         diagnose(tmp_path, "sales", 2, None, 0, None, engines=None)

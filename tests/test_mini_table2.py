@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from bench_loader import benchmark_fixture
+from fake_model import fake_checkpoint
 
 from marti_ibrl.config import load_config
 from marti_ibrl.sft import RENDERING_KEYS
@@ -18,8 +19,7 @@ bench = benchmark_fixture("mini_table2")
 
 
 def test_every_arm_is_a_valid_train_command(bench, tmp_path):
-    sft = tmp_path / "sft"
-    sft.mkdir()
+    sft = fake_checkpoint(tmp_path / "sft")
     table = bench.arms(str(sft), "conceder")
     assert set(table) == set(bench.FULL.arms)
     for name, arm in table.items():

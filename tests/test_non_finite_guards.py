@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fake_model import fake_checkpoint
 
 from marti_ibrl.trainer import TrainingStopped, count_skipped_updates, stepped
 
@@ -197,7 +198,7 @@ def test_cli_reports_a_stopped_run_in_one_line(tmp_path: Path, monkeypatch, caps
         raise TrainingStopped("--train.max_skipped_updates 3: agent1's last 3 updates ...")
 
     monkeypatch.setattr(trainer, "train", stopped)
-    ckpt = str(tmp_path)
+    ckpt = str(fake_checkpoint(tmp_path / "ckpt"))
     assert main(["train", "--role1.pretrain", ckpt, "--role2.pretrain", ckpt, "--train.device", "cpu"]) == 4
     assert capsys.readouterr().err == (
         "marti-ibrl train: error: --train.max_skipped_updates 3: agent1's last 3 updates ...\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from fake_model import fake_checkpoint
 
 from marti_ibrl.backend.args import role_args
 from marti_ibrl.config import load_config
@@ -14,7 +15,7 @@ from marti_ibrl.placement import device_slots, uses_pool
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("ckpt")
-    (path / "config.json").write_text("{}")
+    fake_checkpoint(path)
     return str(path)
 
 

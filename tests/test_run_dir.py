@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from fake_model import fake_checkpoint
 
 from marti_ibrl.algorithm.pool import Snapshot, file_sha256
 from marti_ibrl.cli import main
@@ -240,12 +241,12 @@ def test_resume_with_another_seed_is_one_line(tmp_path, flags, capsys) -> None:
 def test_a_pretrain_directory_that_is_not_a_model_is_one_line(tmp_path, flags, model, capsys) -> None:
     empty, no_tokenizer = tmp_path / "empty", tmp_path / "no_tokenizer"
     empty.mkdir()
-    no_tokenizer.mkdir()
-    (no_tokenizer / "config.json").write_text((Path(model) / "config.json").read_text())
+    fake_checkpoint(no_tokenizer, json.loads((Path(model) / "config.json").read_text()))
     run = tmp_path / "run"
     assert main(["train", *flags, "--role2.pretrain", str(empty), "--ckpt.path", str(run)]) == 2
     assert one_error_line(capsys) == (
-        f"marti-ibrl train: error: --role2.pretrain: {empty} is not a Hugging Face checkpoint (no config.json in it)"
+        f"marti-ibrl train: error: --role2.pretrain: {empty} is not a model (no config.json or adapter_config.json "
+        "there)"
     )
     assert main(["train", *flags, "--role1.pretrain", str(no_tokenizer), "--ckpt.path", str(run)]) == 2
     assert one_error_line(capsys) == (

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from bench_loader import benchmark_fixture
+from fake_model import fake_checkpoint
 
 from marti_ibrl.config import load_config
 
@@ -14,8 +15,7 @@ bench = benchmark_fixture("smollm2_dond")
 
 
 def test_train_command_is_the_recipe_resumable_and_sync_checked(bench, tmp_path):
-    sft = tmp_path / "sft"
-    sft.mkdir()
+    sft = fake_checkpoint(tmp_path / "sft")
     cmd = bench.train_command(tmp_path, bench.FULL, str(sft))
     assert cmd[2:5] == ["marti_ibrl.cli", "train", "--config"]
     cfg = load_config(cmd[4:])  # exactly what `marti-ibrl train` does with these flags

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import test_llm_structured
 import test_players
+from fake_model import fake_checkpoint
 from test_players import Reply
 
 from marti_ibrl.envs.telesales.env import TeleSalesEnv
@@ -372,8 +373,7 @@ def test_role_rewards_log_the_endpoint_counts(serve, tmp_path) -> None:
     from marti_ibrl.rewards import RoleRewards
 
     server = serve(by_judge)
-    (tmp_path / "ckpt").mkdir()
-    ckpt = str(tmp_path / "ckpt")
+    ckpt = str(fake_checkpoint(tmp_path / "ckpt"))
     cfg = load_config(["--env.name", "telesales", "--role1.pretrain", ckpt, "--role2.pretrain", ckpt,
                        "--judge.base_url", server.base_url, "--judge.model", "judge-model"])  # fmt: skip
     rewards = RoleRewards(cfg, TeleSalesEnv())

@@ -302,7 +302,7 @@ def test_cli_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     "args,message",
     [
         (["--split", "test"], "unknown split 'test'"),
-        (["-n", "0"], "-n must be >= 1"),
+        (["-n", "0"], "argument -n: expected a number in 1..1000000, got 0"),
         (["--out", "/nonexistent-dir/x.jsonl"], "cannot write /nonexistent-dir/x.jsonl"),
     ],
 )

@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from fake_model import fake_checkpoint
 
 from marti_ibrl.backend.args import role_args
 from marti_ibrl.config import load_config
@@ -28,7 +29,7 @@ NODES = [
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("ckpt")
-    (path / "config.json").write_text("{}")
+    fake_checkpoint(path)
     return str(path)
 
 
