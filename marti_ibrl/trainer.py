@@ -57,6 +57,7 @@ from marti_ibrl.commit import (
     RunDirError,
     clear_run,
     drop_rollouts,
+    file_manifest,
     open_run_dir,
     pin_deepspeed_latest,
     read_rollout,
@@ -873,6 +874,8 @@ class IBRLTrainer:
         if final:
             refs += [ref for s in self.stacks.values() for ref in s.save_hf_async()]
         ray.get(refs)
+        steps = [self.run_dir / r / "ckpt" / "_actor" / tag for r in self.stacks]  # what a resume will load
+        files = file_manifest(self.run_dir, [d for d in steps if d.is_dir()])
         ahead = self.finish_ahead()  # --train.async_rollout: k+1's rollout, made by weights gone after k's syncs
         entry = write_rollout(self.run_dir, ahead) if ahead is not None else None
         Commit(
@@ -884,6 +887,7 @@ class IBRLTrainer:
             history=self.history,
             rollout_log=self.rollout_log,
             ahead=entry,
+            files=files,
         ).write(self.run_dir)  # atomic: a half-written record is never picked up
         drop_rollouts(self.run_dir, keep=entry and entry["file"])
         for r, pool in self.pools.items():

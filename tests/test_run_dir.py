@@ -371,3 +371,51 @@ def test_the_demo_starts_over_only_in_a_run_it_made(tmp_path, capsys) -> None:
     with pytest.raises(ConfigError, match=r"holds a run the demo did not make \(trainer_state.json, .*another --out"):
         start_over_flags(mine)
     assert not (mine / DEMO_RUN).exists()
+
+
+# -- issue 50: a resume checks every file of the committed DeepSpeed steps, before Ray -----------------------------
+
+
+def _committed_steps(run: Path) -> dict:
+    """write_run's DeepSpeed steps given files (a model state and a rank's optimizer state per role), recorded in
+    the commit as the trainer records them (commit.file_manifest)."""
+    from marti_ibrl.commit import file_manifest
+
+    steps = []
+    for role in ROLES:
+        step = run / role / "ckpt" / "_actor" / "global_step2"
+        (step / "mp_rank_00_model_states.pt").write_bytes(f"{role} model ".encode() * 500)
+        (step / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(f"{role} adam ".encode() * 900)
+        steps.append(step)
+    commit = Commit.read(run)
+    commit.files = file_manifest(run, steps)
+    commit.write(run)
+    return commit.files
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (lambda f: f.unlink(), "mp_rank_00_model_states.pt is missing, as "),
+        (lambda f: f.write_bytes(f.read_bytes()[:100]), "mp_rank_00_model_states.pt is truncated (100 bytes, not "),
+        (lambda f: f.write_bytes(f.read_bytes().replace(b"model", b"modem", 1)), "mp_rank_00_model_states.pt differs"),
+    ],
+)
+def test_a_resume_refuses_a_deepspeed_file_missing_truncated_or_changed(tmp_path, flags, capsys, tamper, message):
+    """The probe deleted a model state / truncated optimizer states: `train --ckpt.load_enable true` rewrote
+    config.yaml, started Ray and failed later. Now one line naming the file, before anything is written."""
+    run = write_run(tmp_path / "run")
+    files = _committed_steps(run)
+    assert set(files) == {
+        f"{r}/ckpt/_actor/global_step2/{n}"
+        for r in ROLES
+        for n in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    }
+    assert open_run_dir(run, resume=True, overwrite=False, seed=42).files == files  # as committed: it resumes
+    tamper(run / "agent2" / "ckpt" / "_actor" / "global_step2" / "mp_rank_00_model_states.pt")
+    before = fingerprint(run)
+    assert main(["train", *flags, "--ckpt.path", str(run), "--ckpt.load_enable", "true"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"marti-ibrl train: error: --ckpt.load_enable: {run / 'agent2'}") and message in line, line
+    assert line.endswith("committed it at iteration 2: restore it, or start over (--ckpt.overwrite true)"), line
+    assert fingerprint(run) == before  # config.yaml not rewritten, nothing started
