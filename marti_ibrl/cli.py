@@ -1,4 +1,4 @@
-"""``marti-ibrl``: train | plan | eval | diagnose | report | demo | patch | model | export-merged | play | annotate, and
+"""``marti-ibrl``: train | plan | eval | diagnose | report | show | demo | patch | model | export-merged | play | annotate, and
 the environments' own (``dond sample / check-data``, ``telesales profiles / eval``, ``sft``).
 
 Every subcommand lives in :mod:`marti_ibrl.commands`, one module each (its parser ``add_*_parser(sub)`` and its
@@ -26,7 +26,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand, in ``--help`` order: training, the environments' own, planning, evaluation, the rest."""
-    from marti_ibrl.commands import demo, diagnose, export_merged, model, patch, people, plan, report, train
+    from marti_ibrl.commands import demo, diagnose, export_merged, model, patch, people, plan, report, show, train
     from marti_ibrl.commands import eval as evaluation
     from marti_ibrl.envs import registry
 
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_eval_parser(sub)
     diagnose.add_diagnose_parser(sub)
     report.add_report_parser(sub)
+    show.add_show_parser(sub)
     demo.add_demo_parser(sub)
     patch.add_patch_parser(sub)
     model.add_model_parser(sub)

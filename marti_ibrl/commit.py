@@ -31,9 +31,18 @@ from pathlib import Path
 from marti_ibrl.config import ConfigError
 from marti_ibrl.outputs import LOCK_NAME
 from marti_ibrl.phases import PHASES_FILE
+from marti_ibrl.rollout.transcripts import TRANSCRIPTS_FILE
 
 STATE_FILE = "trainer_state.json"
-RUN_FILES = (STATE_FILE, STATE_FILE + ".tmp", "config.yaml", "topology.json", "sync_checks.jsonl", PHASES_FILE)
+RUN_FILES = (
+    STATE_FILE,
+    STATE_FILE + ".tmp",
+    "config.yaml",
+    "topology.json",
+    "sync_checks.jsonl",
+    PHASES_FILE,
+    TRANSCRIPTS_FILE,
+)
 """The files a training run writes at the top of its directory (:func:`clear_run` deletes them, with ``pool/``,
 ``rollouts/``, ``tensorboard/`` and the role directories)."""
 ROLLOUTS_DIR = "rollouts"  # --train.async_rollout: the committed rollouts in flight

@@ -70,6 +70,7 @@ from marti_ibrl.outputs import OutputInUse, OutputLock, repair_jsonl
 from marti_ibrl.phases import PHASES_FILE, PhaseLog
 from marti_ibrl.placement import colocated, frozen_checkpoints, shares_engines, uses_pool
 from marti_ibrl.rewards import RoleRewards
+from marti_ibrl.rollout import transcripts
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.render import role_experience
 from marti_ibrl.rollout.runner import DialogueRunner, Policy, first_turns_overflowing
@@ -391,7 +392,11 @@ class IBRLTrainer:
                 left = f"; left as they were: {', '.join(kept)}" if kept else ""
                 print(f"--ckpt.overwrite: deleted the run in {self.run_dir} ({', '.join(deleted)}){left}", flush=True)
             cfg.ckpt.overwrite = False  # done: RUN/config.yaml reused as a --config must not delete this run
-        for name in (SYNC_CHECKS_FILE, PHASES_FILE):  # the run's append-only logs: a line torn by a crash moved aside
+        for name in (
+            SYNC_CHECKS_FILE,
+            PHASES_FILE,
+            transcripts.TRANSCRIPTS_FILE,
+        ):  # the run's append-only logs: a line torn by a crash moved aside
             if said := repair_jsonl(self.run_dir / name):
                 print(said, flush=True)
         try:
@@ -610,10 +615,22 @@ class IBRLTrainer:
         metrics = self._metrics(k, trajectories, experiences, status, timer, configuration, schedule, made, splits)
         for r, spread in spreads.items():
             metrics[f"{r}/groups"], metrics[f"{r}/informative_groups"] = float(spread.groups), float(spread.informative)
+        self.keep_transcripts(k, trajectories)
         for r, info in synced.items():  # what an adapter-only sync moved (full-weight syncs report nothing)
             if info:
                 metrics[f"{r}/sync/bytes"], metrics[f"{r}/sync/seconds"] = float(info["bytes"]), info["seconds"]
         return metrics
+
+    def keep_transcripts(self, k: int, trajectories: Sequence[Trajectory]) -> None:
+        """``--logger.transcripts``: a seeded sample of iteration k's dialogues, on disk before k+1 starts
+        (:mod:`marti_ibrl.rollout.transcripts`); shown in the logger's text tab."""
+        kept = transcripts.sample(trajectories, self.cfg.logger.transcripts, self._rng("transcripts", k))
+        records = [transcripts.transcript_record(k, t) for t in kept]
+        transcripts.append(self.run_dir, records)
+        if records and getattr(self, "logger", None) is not None:
+            text = "\n\n".join(f"```\n{transcripts.format_dialogue(r)}\n```" for r in records)
+            rewards = [x for r in records for x in r["rewards"].values()]
+            self.logger.log_train(k, {"generated_samples": (text, mean(rewards) if rewards else 0.0)})
 
     # -- --train.async_rollout: the rollout of k+1 beside the updates of k ------------------------------------
 
@@ -906,6 +923,8 @@ class IBRLTrainer:
         self.sampler.load_state_dict(commit.sampler)
         self.history = commit.history
         self.rollout_log = commit.rollout_log
+        if dropped := transcripts.keep_until(self.run_dir, commit.iteration):  # played again, identically
+            print(f"--ckpt.load_enable: {dropped} transcript(s) of uncommitted iterations dropped", flush=True)
         if commit.ahead is not None:  # --train.async_rollout: made while the committed iteration learnt
             self.ahead = read_rollout(self.run_dir, commit.ahead)
         for r, pool in self.pools.items():

@@ -120,6 +120,27 @@ def test_checkpoints_written(run):
     assert any((tmp / "run" / "tensorboard").rglob("events.out.tfevents.*"))
 
 
+def test_transcripts_kept_and_shown(run, capsys):
+    """--logger.transcripts (default 4): every iteration's sample of dialogues, with text, seats, rewards, outcome."""
+    from marti_ibrl.cli import main
+    from marti_ibrl.rollout.transcripts import read
+
+    tmp, history, _, _ = run
+    kept = read(tmp / "run")
+    assert [r["iteration"] for r in kept] == [1] * 4 + [2] * 4 + [3] * 4  # 2 scenarios x G=2 = 4: all of them
+    for r in kept:
+        assert r["turns"] and all(t["role"] in ("agent1", "agent2") and isinstance(t["text"], str) for t in r["turns"])
+        assert set(r["seats"]) == {"agent1", "agent2"} and set(r["rewards"]) <= {"agent1", "agent2"}
+    for k, m in enumerate(history, start=1):  # all of an iteration's dialogues: the mean of their rewards is its own
+        if m["rollout/dialogues"] != 4:  # (a history iteration plays 8: a sample of 4 is kept)
+            continue
+        rewards = [r["rewards"]["agent1"] for r in kept if r["iteration"] == k and "agent1" in r["rewards"]]
+        assert sum(rewards) / len(rewards) == pytest.approx(m["agent1/reward"])
+    assert main(["show", str(tmp / "run"), "--iteration", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("iteration 2 · ") == 4 and kept[4]["turns"][0]["text"].strip()[:20] in out
+
+
 def test_colocated_reference_takes_no_device_of_its_own(run):
     import copy
 

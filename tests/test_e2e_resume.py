@@ -210,6 +210,13 @@ def test_resumed_run_replays_the_same_iterations(runs):
     assert [m["agent1/async/staleness"] for m in b["history"]] == [0.0, 1.0, 1.0, 1.0]
     # same opponent configurations (Eq. 6 draws), opponents and scenario order in every iteration
     assert a["rollout_log"] == b["rollout_log"]
+    # the kept dialogues (--logger.transcripts): the killed run's lines after its commit were dropped on resume and
+    # played again, identically; nothing twice, nothing missing
+    from marti_ibrl.rollout.transcripts import read
+
+    kept = read(runs.resumed)
+    assert [r["iteration"] for r in kept] == sorted(r["iteration"] for r in kept)
+    assert kept == read(runs.straight) and {r["iteration"] for r in kept} == {1, 2, 3, 4}
     # iteration 3: agent2 is not due (update_every 2), so its pairing against agent1's history is not played, only
     # current play for agent1; iteration 4: agent2 (current) faces agent1's history and agent1 the current agent2,
     # each role learning from its own pairing. Replayed exactly, snapshot included

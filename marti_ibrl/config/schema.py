@@ -272,6 +272,10 @@ class LoggerConfig:
     wandb_project: str | None = None
     """Log to wandb when set (needs WANDB_API_KEY or offline mode)."""
     wandb_run_name: str | None = None
+    transcripts: int = 4
+    """Dialogues of every iteration kept in ``RUN/transcripts.jsonl`` (text per turn, seats, policies, rewards,
+    outcome; ``marti-ibrl show RUN``, tensorboard's text tab): a seeded sample of this many; -1 all of them, 0
+    none."""
 
 
 @dataclass

@@ -1,0 +1,47 @@
+"""``marti-ibrl show RUN [--iteration K]``: the dialogues a training run kept (``RUN/transcripts.jsonl``,
+``--logger.transcripts``), printed readably (:func:`marti_ibrl.rollout.transcripts.format_dialogue`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from marti_ibrl.commands.argtypes import int_range
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from marti_ibrl.rollout.transcripts import TRANSCRIPTS_FILE, format_dialogue, read
+
+    run = Path(args.run)
+    if not (run / TRANSCRIPTS_FILE).is_file():
+        why = (
+            "no such directory" if not run.is_dir() else f"no {TRANSCRIPTS_FILE} (trained with --logger.transcripts 0?)"
+        )
+        print(f"marti-ibrl show: error: {run}: {why}", file=sys.stderr)
+        return 2
+    records = read(run, args.iteration)
+    if not records:
+        kept = sorted({r["iteration"] for r in read(run)})
+        span = f"{kept[0]}..{kept[-1]}" if kept else "none"
+        print(f"marti-ibrl show: error: {run}: no dialogues kept for iteration {args.iteration} (kept: {span})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.iteration is None:  # the last iteration's, unless --all
+        records = records if args.all else [r for r in records if r["iteration"] == records[-1]["iteration"]]
+    for rec in records[: args.n] if args.n else records:
+        print(format_dialogue(rec), end="\n\n")
+    return 0
+
+
+def add_show_parser(sub) -> None:
+    show = sub.add_parser(
+        "show",
+        help="print the dialogues a training run kept (RUN/transcripts.jsonl): the last iteration's, or --iteration K",
+        description=__doc__,
+    )
+    show.add_argument("run", metavar="RUN", help="a training run directory")
+    show.add_argument("--iteration", type=int_range(1), default=None, help="its iteration (default: the last)")
+    show.add_argument("--all", action="store_true", help="every iteration's")
+    show.add_argument("-n", type=int_range(1), default=None, help="at most this many dialogues")
+    show.set_defaults(func=cmd_show)

@@ -1,0 +1,122 @@
+"""What the policies said: a sample of every iteration's dialogues, kept in ``RUN/transcripts.jsonl``.
+
+One JSON line per kept dialogue (``--logger.transcripts N`` per iteration, default 4; -1 all; 0 none): the
+iteration, the scenario and sample, the speaking order, who played each seat (``current``, ``pool:V``,
+``frozen:NAME``), every turn (role, text, whether the env accepted it, malformed attempts discarded before it), the
+per-role rewards and the outcome. Appended and fsynced as each iteration learns, so a killed run keeps what it
+played; a resumed run first drops the lines of iterations after its commit (it plays them again, identically).
+``marti-ibrl show RUN`` prints them (:func:`format_dialogue`); tensorboard's text tab shows each iteration's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+TRANSCRIPTS_FILE = "transcripts.jsonl"
+
+
+def turn_records(traj) -> list[dict[str, Any]]:
+    """A trajectory's turns as JSON: role, text, valid, resamples (the same shape as evaluation episodes)."""
+    return [{"role": t.role, "text": t.text, "valid": t.valid, "resamples": t.resamples} for t in traj.turns]
+
+
+def transcript_record(k: int, traj) -> dict[str, Any]:
+    """One kept dialogue of iteration ``k``."""
+    outcome = traj.outcome
+    return {
+        "iteration": k,
+        "scenario_uid": traj.scenario_uid,
+        "sample_index": traj.sample_index,
+        "seats": list(traj.seats),
+        "policies": dict(traj.policies),
+        "turns": turn_records(traj),
+        "rewards": dict(traj.rewards),
+        "agreed": bool(outcome.agreed) if outcome else False,
+        "malformed": bool(outcome.malformed) if outcome else False,
+        "fault_role": outcome.info.get("fault_role") if outcome else None,
+        "reason": outcome.info.get("reason", "") if outcome else "",
+        "utilities": dict(outcome.utilities) if outcome else {},
+        "truncated": bool(traj.truncated),
+    }
+
+
+def sample(trajectories: Sequence, n: int, rng: random.Random) -> list:
+    """``n`` of the iteration's dialogues in their order (-1: all; 0: none), drawn with the run's seeded ``rng``."""
+    if n < 0 or n >= len(trajectories):
+        return list(trajectories)
+    keep = sorted(rng.sample(range(len(trajectories)), n))
+    return [trajectories[i] for i in keep]
+
+
+def append(run_dir: str | Path, records: Sequence[dict]) -> None:
+    """Append ``records`` to ``RUN/transcripts.jsonl``, flushed and fsynced (on disk before the next iteration)."""
+    if not records:
+        return
+    with open(Path(run_dir) / TRANSCRIPTS_FILE, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def keep_until(run_dir: str | Path, k: int) -> int:
+    """A resume from the commit of iteration ``k``: drop the lines of later iterations (they are played again);
+    returns how many were dropped. The file is rewritten atomically."""
+    path = Path(run_dir) / TRANSCRIPTS_FILE
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if _iteration(line) <= k]
+    if len(kept) == len(lines):
+        return 0
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.replace(path)
+    return len(lines) - len(kept)
+
+
+def _iteration(line: str) -> int:
+    try:
+        return int(json.loads(line)["iteration"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62  # not a whole record: dropped with the uncommitted ones
+
+
+def read(run_dir: str | Path, iteration: int | None = None) -> list[dict]:
+    """The kept dialogues of a run (of one iteration); a line that is not a whole record is skipped."""
+    path = Path(run_dir) / TRANSCRIPTS_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and (iteration is None or rec.get("iteration") == iteration):
+            out.append(rec)
+    return out
+
+
+def format_dialogue(rec: dict) -> str:
+    """A kept dialogue as text: a header (iteration, scenario, who played, outcome, rewards), then one line per turn
+    (``!`` marks a turn the env refused; ``(+N discarded)`` the malformed attempts re-sampled before it)."""
+    seats = ", ".join(f"{r}={rec['policies'].get(r, '?')}" for r in rec["seats"])
+    ending = "agreed" if rec["agreed"] else f"malformed by {rec['fault_role']}" if rec["malformed"] else "no deal"
+    if rec.get("reason") and not rec["agreed"]:
+        ending += f" ({rec['reason']})"
+    rewards = ", ".join(f"{r} {x:+.2f}" for r, x in sorted(rec["rewards"].items()))
+    head = (
+        f"iteration {rec['iteration']} · {rec['scenario_uid']} #{rec['sample_index']} · {seats} · {ending} · "
+        f"reward {rewards or '-'}"
+    )
+    lines = [head]
+    for t in rec["turns"]:
+        mark = "" if t["valid"] else "! "
+        extra = f"  (+{t['resamples']} discarded)" if t.get("resamples") else ""
+        lines.append(f"  {t['role']:>10}: {mark}{t['text']}{extra}")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""--logger.transcripts: what is kept of each iteration's dialogues, how it is shown, and a resume's clean-up."""
+
+from __future__ import annotations
+
+import json
+import random
+from types import SimpleNamespace
+
+from marti_ibrl.cli import main
+from marti_ibrl.rollout import transcripts as tr
+
+
+def _traj(uid: str, g: int, agreed: bool = False):
+    turns = [
+        SimpleNamespace(role="agent1", text="<try> item0=1 <try>", valid=True, resamples=1),
+        SimpleNamespace(role="agent2", text="<accept>", valid=agreed, resamples=0),
+    ]
+    outcome = SimpleNamespace(
+        agreed=agreed, malformed=not agreed, utilities={"agent1": 3.0}, info={"fault_role": "agent2", "reason": "x"}
+    )
+    return SimpleNamespace(
+        scenario_uid=uid, sample_index=g, seats=["agent1", "agent2"], policies={"agent1": "current", "agent2": "pool:2"},
+        turns=turns, rewards={"agent1": 0.5, "agent2": -1.0}, outcome=outcome, truncated=False,
+    )  # fmt: skip
+
+
+def test_a_record_holds_what_a_reader_needs() -> None:
+    rec = tr.transcript_record(3, _traj("gen-1", 1))
+    assert rec["iteration"] == 3 and rec["policies"] == {"agent1": "current", "agent2": "pool:2"}
+    assert rec["turns"][0] == {"role": "agent1", "text": "<try> item0=1 <try>", "valid": True, "resamples": 1}
+    assert rec["malformed"] and rec["fault_role"] == "agent2" and rec["rewards"]["agent2"] == -1.0
+    assert json.loads(json.dumps(rec)) == rec
+    text = tr.format_dialogue(rec)
+    assert text.splitlines()[0] == (
+        "iteration 3 · gen-1 #1 · agent1=current, agent2=pool:2 · malformed by agent2 (x) · reward agent1 +0.50, "
+        "agent2 -1.00"
+    )
+    assert text.splitlines()[1:] == [
+        "      agent1: <try> item0=1 <try>  (+1 discarded)",
+        "      agent2: ! <accept>",
+    ]
+
+
+def test_the_sample_is_seeded_and_in_order() -> None:
+    trajs = list(range(10))
+    a = tr.sample(trajs, 4, random.Random(7))
+    assert a == tr.sample(trajs, 4, random.Random(7)) and a == sorted(a) and len(set(a)) == 4
+    assert tr.sample(trajs, -1, random.Random(0)) == trajs and tr.sample(trajs, 0, random.Random(0)) == []
+    assert tr.sample(trajs, 20, random.Random(0)) == trajs
+
+
+def test_a_resume_drops_the_uncommitted_iterations(tmp_path) -> None:
+    recs = [tr.transcript_record(k, _traj(f"s{k}", 0)) for k in (1, 2, 3, 4)]
+    tr.append(tmp_path, recs)
+    with open(tmp_path / tr.TRANSCRIPTS_FILE, "a") as f:
+        f.write('{"iteration": 5, "sce')  # killed mid-line
+    assert tr.keep_until(tmp_path, 2) == 3  # iterations 3, 4 and the torn line
+    assert tr.read(tmp_path) == recs[:2]
+    assert tr.keep_until(tmp_path, 2) == 0
+
+
+def test_show(tmp_path, capsys) -> None:
+    tr.append(tmp_path, [tr.transcript_record(k, _traj(f"s{k}{g}", g, agreed=g == 1)) for k in (1, 2) for g in (0, 1)])
+    assert main(["show", str(tmp_path)]) == 0  # the last iteration's
+    out = capsys.readouterr().out
+    assert out.count("iteration 2 · ") == 2 and "iteration 1" not in out and "agreed" in out
+    assert main(["show", str(tmp_path), "--all", "-n", "3"]) == 0
+    assert capsys.readouterr().out.count("iteration ") == 3
+    assert main(["show", str(tmp_path), "--iteration", "9"]) == 2
+    assert capsys.readouterr().err == (
+        f"marti-ibrl show: error: {tmp_path}: no dialogues kept for iteration 9 (kept: 1..2)\n"
+    )
+    assert main(["show", str(tmp_path / "nope")]) == 2
+    assert "no such directory" in capsys.readouterr().err
