@@ -243,6 +243,27 @@ def test_checkpoint_seat_plays_a_turn(tmp_path) -> None:
     assert g["transcript"][0]["who"] == "them"
 
 
+def test_a_message_too_long_for_the_checkpoint_is_refused_in_tokens(tmp_path) -> None:
+    """Issue 50: with --max-message-chars raised to 400,000, a 300 KB message kept the shared engine 281 s (every
+    other game waited). Now the checkpoint's prompt is bounded in tokens whatever the character limit: refused,
+    nothing stored, and the game goes on."""
+    store = Store(tmp_path / "p.sqlite")
+    game = build_game(play_args(policy=TINY_SFT, name="tiny"))
+    assert game.seat.max_prompt_tokens > 0
+    client = TestClient(create_app(store, game=game, max_message=400_000, max_body=6 * 400_000 + 4096))
+    person = Player(client)
+    g = person.start()  # game 0: the person opens
+    long = "item0 " * 50_000  # 300,000 characters, far more tokens than the prompt may hold
+    r = person.act(g["game_id"], "message", long)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err.startswith("too long for the policy to read: its prompt would be ") and "tokens, at most" in err, err
+    assert store.game(g["game_id"])["turns"] == []  # nothing stored
+    r = person.act(g["game_id"], "message", DEAL)  # a message of normal length: played, and answered
+    assert r.status_code == 200, r.text
+    assert [t["role"] for t in store.game(g["game_id"])["turns"]][:2] == ["agent1", "agent2"]
+
+
 class ScriptedSales:
     """A sales agent that says the same thing every turn (its turn always valid)."""
 

@@ -117,6 +117,11 @@ class Game:
             raise Rejected(f"not a valid move: {result.reason}")
         turns = [{"role": game["human_role"], "text": text, "valid": True, "resamples": 0}]
         history = [(t["role"], t["text"]) for t in game["turns"]] + [(game["human_role"], text)]
+        limit = getattr(self.seat, "max_prompt_tokens", None)  # a checkpoint seat: its prompt bounded in tokens
+        if limit is not None:
+            n = len(self.seat.prompt(self.env, game["policy_role"], self.scenario(game), game["seats"], history))
+            if n > limit:
+                raise Rejected(f"too long for the policy to read: its prompt would be {n} tokens, at most {limit}")
         turns += self.policy_turns(
             state, self.scenario(game), game["scenario_uid"], game["seats"], history, game["policy_role"]
         )

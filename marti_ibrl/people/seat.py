@@ -44,8 +44,16 @@ class TextSeat:
         self.player.close()
 
 
+MAX_CONTEXT = 4096
+"""The longest prompt plus answer a checkpoint seat generates for, in tokens (or the model's own context when
+shorter): whatever ``--max-message-chars`` allows, one game's turn cannot hold the shared engine for longer than a
+prompt of this size takes (the games' turns take the engine one at a time)."""
+
+
 class CheckpointSeat:
-    """An HF checkpoint in the policy's seat (HF ``generate`` in this process, one turn at a time)."""
+    """An HF checkpoint in the policy's seat (HF ``generate`` in this process, one turn at a time). Its prompt is
+    bounded in tokens (:attr:`max_prompt_tokens`): a person's message that would overflow it is refused before it is
+    stored (``Game.act``), so no turn makes every other game wait on one huge generation."""
 
     def __init__(self, path: str, sampling: dict[str, Any], seed: int = 0) -> None:
         from marti_ibrl.rollout.engines import HFGenerateEngine
@@ -57,10 +65,12 @@ class CheckpointSeat:
         self.sampling = dict(sampling)
         self.name = Path(path).resolve().name
         self._lock = threading.Lock()  # one generate at a time (the engine keeps per-session caches)
+        own = getattr(self.engine.model.config, "max_position_embeddings", None) or MAX_CONTEXT
+        self.max_prompt_tokens = min(own, MAX_CONTEXT) - int(self.sampling.get("max_new_tokens", 64))
 
-    def respond(self, env: Any, role: str, scenario: Any, uid: str, seats: list[str], history: History) -> str:
-        """The checkpoint's next turn, its prompt rendered by :class:`~marti_ibrl.rollout.render.RoleView`: its own
-        earlier turns re-encoded, the other side's as ``env.counterpart_text`` shows them."""
+    def prompt(self, env: Any, role: str, scenario: Any, seats: list[str], history: History) -> list[int]:
+        """The token ids the checkpoint reads for its next turn (:class:`~marti_ibrl.rollout.render.RoleView`): its
+        own earlier turns re-encoded, the other side's as ``env.counterpart_text`` shows them."""
         from marti_ibrl.rollout.render import RoleView
 
         view = RoleView(self.tokenizer, env.system_prompt(scenario, role))
@@ -69,8 +79,13 @@ class CheckpointSeat:
                 view.add_own(self.tokenizer.encode(text, add_special_tokens=False), None, finished=True)
             else:
                 view.add_counterpart(env.counterpart_text(speaker, text, scenario))
+        return view.generation_prompt()
+
+    def respond(self, env: Any, role: str, scenario: Any, uid: str, seats: list[str], history: History) -> str:
+        """The checkpoint's next turn (:meth:`prompt`)."""
+        prompt = self.prompt(env, role, scenario, seats, history)
         with self._lock:
-            out = self.engine.generate_batch([view.generation_prompt()], self.sampling)[0]
+            out = self.engine.generate_batch([prompt], self.sampling)[0]
         return self.tokenizer.decode(out["token_ids"], skip_special_tokens=True).strip()
 
     def close(self) -> None:
