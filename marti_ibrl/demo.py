@@ -192,7 +192,12 @@ def main(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     out = Path(args.out)
     flags = ["--config", args.config] if args.config else []
-    recipe = OmegaConf.load(args.config) if args.config else OmegaConf.create()
+    from marti_ibrl.config.load import _read_config_file
+
+    try:  # one line for a recipe that is missing, not YAML or not a mapping of sections (load_config's own check)
+        recipe = OmegaConf.create(_read_config_file(args.config) if args.config else {})
+    except ConfigError as e:
+        return _fail(str(e))
     try:
         resolve_device(str(OmegaConf.select(recipe, "train.device", default=TrainConfig.device)))
     except ConfigError as e:

@@ -286,7 +286,10 @@ def test_cli_writes_jsonl(tmp_path: Path) -> None:
     out = tmp_path / "eval.jsonl"
     assert main(["telesales", "profiles", "--split", "eval", "-n", "12", "--seed", "3", "--out", str(out)]) == 0
     assert out.read_text(encoding="utf-8") == _jsonl(12, 3, "eval")
-    assert main(["telesales", "profiles", "--split", "train", "-n", "2", "--seed", "3", "--out", str(out)]) == 0
+    assert main(["telesales", "profiles", "--split", "train", "-n", "2", "--seed", "3", "--out", str(out)]) == 2
+    assert out.read_text(encoding="utf-8") == _jsonl(12, 3, "eval")  # not replaced without --overwrite
+    assert main(["telesales", "profiles", "--split", "train", "-n", "2", "--seed", "3", "--out", str(out),
+                 "--overwrite"]) == 0  # fmt: skip
     assert [json.loads(line)["sample_id"] for line in out.read_text().splitlines()] == [
         "ts-train-3-00000",
         "ts-train-3-00001",

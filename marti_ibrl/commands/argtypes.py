@@ -50,3 +50,13 @@ MAX_SCENARIOS = 1_000_000
 play here), so a typo of many zeros is one line, not hours of generating before the first episode."""
 MAX_SAMPLES = 1_000
 """``--samples`` (episodes per scenario and seat / calls per profile)."""
+
+
+def path_arg(text: str) -> str:
+    """A file or directory flag: not empty (``''`` would mean the current directory, or nothing at all)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
+path_arg.__name__ = "path"

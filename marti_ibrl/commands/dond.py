@@ -69,7 +69,13 @@ def check_lines(lines: list[str]) -> tuple[dict[str, int], list[int], list[int]]
 def cmd_check_data(args: argparse.Namespace) -> int:
     """Check a Lewis-format file; print one JSON summary; exit 1 (offending lines on stderr) on any problem."""
     path = Path(args.file)
-    summary, mismatches, unparseable = check_lines(path.read_text(encoding="utf-8").splitlines())
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        print(f"marti-ibrl dond check-data: error: {path}: cannot read it as text ({why})", file=sys.stderr)
+        return 2
+    summary, mismatches, unparseable = check_lines(lines)
     print(json.dumps(summary))
     if mismatches:
         print(f"{path}: outcome mismatch at lines {', '.join(map(str, mismatches))}", file=sys.stderr)

@@ -21,7 +21,7 @@ import argparse
 import errno
 import sys
 
-from marti_ibrl.commands.argtypes import MAX_SAMPLES, MAX_SCENARIOS, float_range, int_range
+from marti_ibrl.commands.argtypes import MAX_SAMPLES, MAX_SCENARIOS, float_range, int_range, path_arg
 from marti_ibrl.eval.dond.command import run_setting_defaults
 from marti_ibrl.eval.engines import add_engine_argument
 
@@ -181,7 +181,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     add_engine_argument(p)
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, type=path_arg, help="output directory")
     p.add_argument(
         "--overwrite",
         action="store_true",

@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from marti_ibrl.commands.argtypes import MAX_SCENARIOS, PORT, float_range, int_range
+from marti_ibrl.commands.argtypes import MAX_SCENARIOS, PORT, float_range, int_range, path_arg
 
 
 def _bind_arguments(p: argparse.ArgumentParser) -> None:
     from marti_ibrl.people.app import MAX_BODY, MAX_MESSAGE, TOKEN_ENV
 
-    p.add_argument("--db", required=True, help="the SQLite file (created if new)")
+    p.add_argument("--db", required=True, type=path_arg, help="the SQLite file (created if new)")
     p.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: this machine only)")
     p.add_argument("--port", type=PORT, default=8000)
     p.add_argument("--token", default=None, help=f"required off 127.0.0.1 (or set {TOKEN_ENV}); link: /?token=...")
@@ -168,13 +168,13 @@ def cmd_play(args: argparse.Namespace) -> int:
 def cmd_annotate(args: argparse.Namespace) -> int:
     """Serve the annotation page (or print ``--report``); the database is this process's alone while it writes
     (:class:`~.store.ServerLock`: a second ``annotate`` or ``play`` on it refuses, naming the first)."""
-    from marti_ibrl.people.store import ServerBusy, ServerLock
+    from marti_ibrl.people.store import ServerLock
 
     lock = ServerLock(args.db)
     if not args.report:  # (a report only reads)
         try:
             lock.acquire(f"annotate at http://{args.host}:{args.port}/")
-        except ServerBusy as e:
+        except ValueError as e:  # ServerBusy, or a --db that cannot be made
             return _fail("annotate", str(e))
     try:
         return _annotate(args)

@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Any
 
-from marti_ibrl.commands.argtypes import MAX_SAMPLES, MAX_SCENARIOS, float_range, int_range
+from marti_ibrl.commands.argtypes import MAX_SAMPLES, MAX_SCENARIOS, float_range, int_range, path_arg
 from marti_ibrl.envs.telesales.env import SEATS, TeleSalesEnv
 from marti_ibrl.envs.telesales.transcripts import TranscriptError, load_transcripts, records_for_role
 
@@ -183,6 +183,9 @@ def cmd_telesales_profiles(args: argparse.Namespace) -> int:
         return fail(f"unknown split {args.split!r} (expected one of: {', '.join(SPLITS)})")
     if args.n < 1:
         return fail(f"-n must be >= 1 (got {args.n})")
+    if args.out != "-" and os.path.exists(args.out) and not args.overwrite:
+        what = "a directory" if os.path.isdir(args.out) else "a file"
+        return fail(f"--out {args.out} is {what} already; give another --out, or --overwrite to replace a file")
     profiles = generate_profiles(args.n, args.seed, args.split)
     if args.out == "-":
         write_jsonl(profiles, sys.stdout)
@@ -204,7 +207,8 @@ def add_profiles_parser(subparsers: Any) -> argparse.ArgumentParser:
     profiles.add_argument("--split", default="eval", help="train | eval (default: eval)")
     profiles.add_argument("-n", type=int_range(1, MAX_SCENARIOS), default=500, help="number of profiles (default: 500)")
     profiles.add_argument("--seed", type=int, default=0)
-    profiles.add_argument("--out", default="-", help="output JSONL file, or - for stdout (default)")
+    profiles.add_argument("--out", default="-", type=path_arg, help="output JSONL file, or - for stdout (default)")
+    profiles.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     profiles.set_defaults(func=cmd_telesales_profiles)
     return profiles
 

@@ -101,6 +101,9 @@ def load_config(argv: list[str], assumed: list[str] | None = None) -> Config:
             OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=False)
         except OmegaConfBaseException as e:
             raise ConfigError(f"{flag}: {_first_line(e)}") from None
+        except Exception as e:  # omegaconf parses a value as YAML: '@', ':', '=' are YAML's own errors
+            why = (str(e).strip().splitlines() or [""])[0]
+            raise ConfigError(f"{flag} {value!r}: not a value ({type(e).__name__}: {why})") from None
     try:
         cfg: Config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
@@ -121,7 +124,7 @@ def _read_config_file(config_file: str) -> dict[str, Any]:
     where = f"--config {config_file}"
     try:
         loaded = OmegaConf.to_container(OmegaConf.load(config_file))
-    except (OSError, OmegaConfBaseException, yaml.YAMLError) as e:  # OmegaConf.load: a scalar, or not YAML
+    except (OSError, UnicodeDecodeError, OmegaConfBaseException, yaml.YAMLError) as e:  # a scalar, binary, not YAML
         mark = getattr(e, "problem_mark", None)
         why = f"{e.problem}, line {mark.line + 1} column {mark.column + 1}" if mark else str(e).strip().splitlines()[0]
         raise ConfigError(f"{where}: not a YAML mapping of sections ({why})") from None

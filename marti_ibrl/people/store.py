@@ -108,6 +108,8 @@ class ServerLock:
         lock = OutputLock(self.db, "--db", directory=False, note=link)
         try:
             lock.acquire()
+        except OSError as e:  # its directory cannot be made (a file on the way, no permission)
+            raise ValueError(f"--db {self.db}: cannot make or lock it there ({e.strerror or e})") from None
         except OutputInUse as e:
             h = e.holder
             owner = f"{describe(h).split(' (')[0]}, since {h.get('since', '?')}, at {h.get('note', '?')}"
@@ -128,7 +130,10 @@ class Store:
         self.path = Path(path)
         if self.path.is_dir():
             raise ValueError(f"{self.path} is a directory; give a SQLite file (created if new)")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file on the way, no permission
+            raise ValueError(f"{self.path}: cannot make its directory ({e.strerror or e})") from None
         try:
             self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
             self._db.row_factory = sqlite3.Row

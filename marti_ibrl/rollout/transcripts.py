@@ -86,6 +86,25 @@ def _iteration(line: str) -> int:
         return 1 << 62  # not a whole record: dropped with the uncommitted ones
 
 
+FIELDS = ("iteration", "scenario_uid", "sample_index", "seats", "policies", "turns", "rewards", "agreed", "malformed")
+
+
+def _whole(rec: object) -> bool:
+    """A record as :func:`transcript_record` writes it (a line edited or cut is not one)."""
+    return (
+        isinstance(rec, dict)
+        and all(k in rec for k in FIELDS)
+        and isinstance(rec["iteration"], int)
+        and isinstance(rec["turns"], list)
+        and all(isinstance(t, dict) and {"role", "text", "valid"} <= t.keys() for t in rec["turns"])
+        and isinstance(rec["rewards"], dict)
+        and isinstance(rec["policies"], dict)
+        and isinstance(rec["seats"], list)
+        and all(isinstance(s, str) for s in rec["seats"])
+        and all(isinstance(t["role"], str) and isinstance(t["text"], str) for t in rec["turns"])
+    )
+
+
 def read(run_dir: str | Path, iteration: int | None = None) -> list[dict]:
     """The kept dialogues of a run (of one iteration); a line that is not a whole record is skipped."""
     path = Path(run_dir) / TRANSCRIPTS_FILE
@@ -97,7 +116,7 @@ def read(run_dir: str | Path, iteration: int | None = None) -> list[dict]:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and (iteration is None or rec.get("iteration") == iteration):
+        if _whole(rec) and (iteration is None or rec["iteration"] == iteration):
             out.append(rec)
     return out
 
@@ -109,7 +128,9 @@ def format_dialogue(rec: dict) -> str:
     ending = "agreed" if rec["agreed"] else f"malformed by {rec['fault_role']}" if rec["malformed"] else "no deal"
     if rec.get("reason") and not rec["agreed"]:
         ending += f" ({rec['reason']})"
-    rewards = ", ".join(f"{r} {x:+.2f}" for r, x in sorted(rec["rewards"].items()))
+    rewards = ", ".join(
+        f"{r} {x:+.2f}" if isinstance(x, int | float) else f"{r} {x}" for r, x in sorted(rec["rewards"].items())
+    )
     head = (
         f"iteration {rec['iteration']} · {rec['scenario_uid']} #{rec['sample_index']} · {seats} · {ending} · "
         f"reward {rewards or '-'}"
