@@ -124,9 +124,9 @@ def reply_content(response: httpx.Response) -> str:
         if status >= 500:
             raise Fault("http_5xx", snippet, retry_after)
         raise Fault("http_4xx", snippet)  # 400/401/403/404/...: not retried
-    try:
-        payload = response.json()
-    except ValueError:
+    try:  # bounded: a body nested 200,000 deep is a fault, not a RecursionError (safeparse's limits)
+        payload = safeparse.loads(response.text)
+    except (ValueError, RecursionError):
         raise Fault("bad_json", f"non-JSON body {response.text[:200]!r}") from None
     if not isinstance(payload, dict):
         raise Fault("bad_json", f"JSON body is a {type(payload).__name__}, not an object")

@@ -378,6 +378,17 @@ def test_endpoint_bad_json_forever(serve, env, scenario):
     assert len(server.requests) == 2 and player.stats["bad_json"] == 2 and player.stats["failures"] == 1
 
 
+def test_endpoint_body_nested_200000_deep_is_a_fault(serve, env, scenario):
+    """Issue 50: such a body was a RecursionError (a traceback) from the JSON decoder; now a counted bad_json fault."""
+    server = serve([(200, "[" * 200_000 + "]" * 200_000, {}, 0.0), ok("recovered")])
+    player = _player(server.base_url, max_retries=1)
+    try:
+        assert player.respond(env, "agent1", [_traj(scenario)]) == ["recovered"]
+    finally:
+        player.close()
+    assert player.stats["bad_json"] == 1 and player.stats["failures"] == 0
+
+
 @pytest.mark.parametrize("status", [400, 401, 404])
 def test_endpoint_4xx_not_retried(serve, env, scenario, status):
     server = serve([(status, {"error": "no"}, {}, 0.0), ok("never")])
