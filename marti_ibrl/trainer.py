@@ -77,6 +77,8 @@ from marti_ibrl.rollout.runner import DialogueRunner, Policy, first_turns_overfl
 from marti_ibrl.topology import topology, write_topology
 
 SYNC_CHECKS_FILE = "sync_checks.jsonl"  # --train.check_sync
+APPEND_ONLY = (SYNC_CHECKS_FILE, PHASES_FILE, transcripts.TRANSCRIPTS_FILE)
+"""The run's JSONL logs, appended as it goes (marti_ibrl.outputs.repair_jsonl before a run appends to them)."""
 
 
 @dataclass
@@ -392,13 +394,11 @@ class IBRLTrainer:
                 left = f"; left as they were: {', '.join(kept)}" if kept else ""
                 print(f"--ckpt.overwrite: deleted the run in {self.run_dir} ({', '.join(deleted)}){left}", flush=True)
             cfg.ckpt.overwrite = False  # done: RUN/config.yaml reused as a --config must not delete this run
-        for name in (
-            SYNC_CHECKS_FILE,
-            PHASES_FILE,
-            transcripts.TRANSCRIPTS_FILE,
-        ):  # the run's append-only logs: a line torn by a crash moved aside
+        for name in APPEND_ONLY:  # a line torn by a crash moved aside
             if said := repair_jsonl(self.run_dir / name):
                 print(said, flush=True)
+        if commit is None:  # transcripts of a run stopped before its first commit: its iterations are played anew
+            transcripts.keep_until(self.run_dir, 0)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
