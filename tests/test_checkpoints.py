@@ -107,3 +107,16 @@ def test_play_refuses_a_checkpoint_without_weights_in_one_line(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"marti-ibrl play: error: --policy {m}: {m} holds no weights"), err
+
+
+def test_eval_refuses_a_truncated_in_system_checkpoint_in_one_line(tmp_path, capsys) -> None:
+    from marti_ibrl.cli import main
+
+    m = _broken(tmp_path)
+    sft = "recipes/dond/tiny-sft"
+    argv = ["eval", "--policy", f"p={sft}", "--in-system", f"p=checkpoint:{m}", "--counterpart", "heldout:hardliner"]
+    code = main([*argv, "-n", "2", "--out", str(tmp_path / "eval")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"--in-system in-system: {m / 'model.safetensors'} is truncated" in err[0], err
+    assert not (tmp_path / "eval").exists()
