@@ -216,10 +216,11 @@ def main(args: argparse.Namespace) -> int:
     ]
     if args.iterations:
         run_flags += ["--train.iterations", str(args.iterations)]
+    user = list(getattr(args, "flags", []))  # --section.key / --roleN.key as for train, given last: they win
     from marti_ibrl.models import ModelError, lookup
 
     try:  # the whole recipe checked before anything runs (the SFT checkpoint assumed); its env renders the SFT data
-        env_cfg = load_config(flags + run_flags, assumed=[]).env
+        env_cfg = load_config(flags + run_flags + user, assumed=[]).env
         if args.model != TINY:
             lookup(args.model)
     except (ConfigError, ModelError) as e:
@@ -242,7 +243,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     try:
         run_flags += start_over_flags(out / "ibrl")
-        cfg = load_config(flags + run_flags)
+        cfg = load_config(flags + run_flags + user)
         _step(f"IB-RL: {cfg.train.iterations} iterations, roles {[r.name for r in cfg.roles]}, run dir {cfg.ckpt.path}")
         t0 = time.perf_counter()
         history = train(cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from marti_ibrl.commands.argtypes import int_range
+from marti_ibrl.commands.train import with_schema_flags
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -14,7 +15,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_demo_parser(sub) -> None:
-    demo = sub.add_parser("demo", help="the embedded CPU default: tiny model, SFT warm start, IB-RL on DoND")
+    demo = sub.add_parser(
+        "demo",
+        help="the embedded CPU default: tiny model, SFT warm start, IB-RL on DoND",
+        description="The embedded CPU default; every train flag (--section.key VALUE, --roleN.key VALUE, listed "
+        "below) overrides the recipe, e.g. marti-ibrl demo --role1.lr 5e-4 --train.seed 1.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    with_schema_flags(demo)
     demo.add_argument("--config", default="recipes/dond/tiny-cpu.yaml", help="IB-RL recipe (YAML)")
     demo.add_argument("--out", default="runs/demo", help="output directory")
     demo.add_argument("--iterations", type=int_range(1), default=None, help="IB-RL iterations (default: the recipe's)")

@@ -43,6 +43,21 @@ def add_train_parser(sub) -> None:
     train = sub.add_parser(
         "train",
         help="IB-RL training (Ray + DeepSpeed)",
-        description="Flags: --config FILE.yaml, --section.key VALUE (see marti_ibrl/config/schema.py), --roleN.key VALUE.",
+        description="Flags: --config FILE.yaml, --section.key VALUE, --roleN.key VALUE (every one below).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    with_schema_flags(train)
     train.set_defaults(func=cmd_train)
+
+
+def with_schema_flags(parser: argparse.ArgumentParser) -> None:
+    """``--help`` of ``parser`` ends with every schema flag (:func:`marti_ibrl.config.flags_help.flags_help`), made
+    when help is asked for (not at every start-up)."""
+    plain = parser.format_help
+
+    def format_help() -> str:
+        from marti_ibrl.config.flags_help import flags_help
+
+        return plain() + "\n" + flags_help()
+
+    parser.format_help = format_help
