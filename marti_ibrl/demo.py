@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
-from tqdm import tqdm
 
 from marti_ibrl.config import ConfigError, EnvConfig, TrainConfig, load_config
+from marti_ibrl.progress import bar as progress_bar
 
 
 def _step(msg: str) -> None:
@@ -121,7 +121,7 @@ def prepare(
     data = write_sft_data(out / "sft_data.jsonl", records)
     _step(f"{len(records)} SFT records from scripted negotiators -> {data}")
     t0 = time.perf_counter()
-    with tqdm(desc="SFT (OpenRLHF)", unit="micro-batch") as bar:
+    with progress_bar(desc="SFT (OpenRLHF)", unit="micro-batch") as bar:
 
         def progress(line: str) -> None:
             if m := re.search(r"(\d+)/(\d+)", line):

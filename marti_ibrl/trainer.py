@@ -69,6 +69,7 @@ from marti_ibrl.envs import make_env
 from marti_ibrl.outputs import OutputInUse, OutputLock, repair_jsonl
 from marti_ibrl.phases import PHASES_FILE, PhaseLog
 from marti_ibrl.placement import colocated, frozen_checkpoints, shares_engines, uses_pool
+from marti_ibrl.progress import bar as progress_bar
 from marti_ibrl.rewards import RoleRewards
 from marti_ibrl.rollout import transcripts
 from marti_ibrl.rollout.dialogue import Trajectory
@@ -796,7 +797,7 @@ class IBRLTrainer:
         try:
             try:
                 self.check_sync(k - 1)  # (--train.check_sync) the start-up broadcast
-                bar = tqdm(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
+                bar = progress_bar(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
                 for k in bar:
                     start = time.perf_counter()
                     metrics = self.async_iteration(k) if cfg.train.async_rollout else self.iteration(k)

@@ -259,6 +259,9 @@ def test_the_job_completes_on_both_ray_nodes(runs, name):
     assert f"preflight: marti-ibrl plan --strict for 2 nodes x {gpus} GPUs" in text
     assert re.search(r"Ray head on n1 \(127\.0\.0\.2:\d+\), workers on: n2", text)
     assert re.search(r"^\s*iter\s+vs pool\s+agree", text, re.M), text[-3000:]  # the per-iteration table
+    # a job file: our progress bars as plain lines (marti_ibrl/progress.py), never a carriage return in them
+    ours = [line for line in text.split("\n") if re.search(r"\b(IB-RL|rollout): ", line)]
+    assert ours and not [line for line in ours if "\r" in line or "\x1b[" in line], ours[:5]
     topology = json.loads((getattr(runs, name) / "topology.json").read_text())
     assert sorted((n["name"], n["address"]) for n in topology["nodes"]) == [("n1", "127.0.0.2"), ("n2", N2_ADDRESS)]
     placed = {i for role in topology["trained"].values() for ids in role["placed_on"].values() for i in ids}

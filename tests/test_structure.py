@@ -52,6 +52,7 @@ LAYERS = [
         "marti_ibrl.patching",
         "marti_ibrl.outputs",
         "marti_ibrl.checkpoints",
+        "marti_ibrl.progress",
     ],
 ]
 """The package's layers, top to bottom: a module is in the layer of its longest listed prefix, and imports only from

@@ -49,9 +49,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from tqdm import tqdm
 
 from marti_ibrl.envs.base import DialogueEnv, TurnResult
+from marti_ibrl.progress import bar as progress_bar
 from marti_ibrl.reward_types import RewardUnavailable, score
 from marti_ibrl.rollout.dialogue import Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
@@ -209,7 +209,7 @@ class DialogueRunner:
             rounds = [(p, [item for item in waiting if item.pass_ == p]) for p in numbers]
         done: list[Trajectory] = []
         scoring: list[tuple[Trajectory, dict[str, Future]]] = []
-        bar = tqdm(total=total, desc="rollout", unit="dlg", disable=not progress, leave=False)
+        bar = progress_bar(total=total, desc="rollout", unit="dlg", disable=not progress, leave=False)
         with ThreadPoolExecutor(max_workers=self.reward_workers) as pool, ThreadPoolExecutor(4) as players:
 
             def hand_over(wait: bool) -> None:

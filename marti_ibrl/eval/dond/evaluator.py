@@ -26,9 +26,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from marti_ibrl.eval.episodes import SELF, Named, read_episodes, resume_episodes
+from marti_ibrl.progress import bar as progress_bar
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.runner import DialogueRunner, Policy
 
@@ -167,7 +166,7 @@ class Evaluator:
                 raise ValueError(f"{seen_spec} and {spec} are both named {c.name!r}; name them apart")
         names = [c.name for c, _ in counterparts]
         what = names[0] if len(names) == 1 else f"{len(names)} counterparts"
-        bar = tqdm(total=len(todo) * samples, desc=f"{policy.name} vs {what}", unit="ep", disable=not progress)
+        bar = progress_bar(total=len(todo) * samples, desc=f"{policy.name} vs {what}", unit="ep", disable=not progress)
         bar.update(0)
         for _, out in counterparts:
             out.parent.mkdir(parents=True, exist_ok=True)

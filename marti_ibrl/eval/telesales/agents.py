@@ -99,7 +99,7 @@ def compile_stories(
     """sample_id -> its story (from the cache, or compiled through ``client`` and cached), or the
     :class:`~marti_ibrl.llm.ChatFailure` of a profile whose story could not be compiled. Compilations run
     concurrently (the client's concurrency limit)."""
-    from tqdm import tqdm
+    from marti_ibrl.progress import bar as progress_bar
 
     def ask(prompt: str) -> dict[str, Any]:
         messages = [{"role": "user", "content": prompt}]
@@ -114,7 +114,7 @@ def compile_stories(
     out: dict[str, Story | ChatFailure] = {}
     with ThreadPoolExecutor(max_workers=client.max_concurrency, thread_name_prefix="story") as pool:
         results = pool.map(one, profiles)
-        bar = tqdm(results, total=len(profiles), desc="stories", unit="profile", disable=not progress)
+        bar = progress_bar(results, total=len(profiles), desc="stories", unit="profile", disable=not progress)
         for profile, result in zip(profiles, bar):
             out[profile["case_control"]["sample_id"]] = result
     return out

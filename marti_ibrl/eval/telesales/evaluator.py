@@ -44,8 +44,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from marti_ibrl.envs.telesales.profiles import profile_id
 from marti_ibrl.eval.episodes import read_episodes, resume_episodes
 from marti_ibrl.eval.telesales.agents import Auditor, PromptedSalesAgent, UserSimulator, compile_stories
@@ -54,6 +52,7 @@ from marti_ibrl.eval.telesales.metrics import summarize, table_markdown
 from marti_ibrl.eval.telesales.outputs import StoryCache
 from marti_ibrl.eval.telesales.rubric import SCORES
 from marti_ibrl.llm import AsyncChatClient, ChatFailure
+from marti_ibrl.progress import bar as progress_bar
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.runner import COUNTERPART_FAILURE, DialogueRunner, Policy
 
@@ -208,7 +207,7 @@ class TeleSalesEvaluator:
             return records
         stories = self.stories(todo)
         playable = [p for p in todo if not isinstance(stories[profile_id(p)], ChatFailure)]
-        bar = tqdm(total=len(todo) * self.samples, desc=name, unit="call", disable=not self.progress)
+        bar = progress_bar(total=len(todo) * self.samples, desc=name, unit="call", disable=not self.progress)
         policy, env = self._policy(name, sales) if playable else (None, None)
         try:
             with out.open("a", encoding="utf-8") as f:
