@@ -48,10 +48,25 @@ class OutputLock:
         self._made_dir = False
         self.took_over: dict | None = None  # the record of a holder that exited and left its lock file behind
 
-    def acquire(self) -> OutputLock:
-        """Hold the lock, or :class:`OutputInUse` naming the holder (nothing is changed then)."""
+    def acquire(self, wait: float = 0.0) -> OutputLock:
+        """Hold the lock, or :class:`OutputInUse` naming the holder (nothing is changed then). ``wait``: seconds to
+        wait for a holder to let go first (a requeued job whose predecessor is still exiting), said in one line."""
         if self._fd is not None:
             return self
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return self._acquire()
+            except OutputInUse as e:
+                if time.monotonic() >= deadline:
+                    raise
+                if wait and not getattr(self, "_said_wait", False):
+                    print(f"{self.flag} {self.output}: waiting up to {wait:g} s for {describe(e.holder)} to let go",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    self._said_wait = True
+                time.sleep(0.5)
+
+    def _acquire(self) -> OutputLock:
         made = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:

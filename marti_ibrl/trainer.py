@@ -381,7 +381,7 @@ class IBRLTrainer:
                 f"iteration {commit.ahead['iteration']}, made before the commit: resume with --train.async_rollout true"
             )
         try:  # one writer per run directory (docs/reliability.md): a second run on it refuses, naming the first
-            self.run_lock = OutputLock(self.run_dir, "--ckpt.path").acquire()
+            self.run_lock = OutputLock(self.run_dir, "--ckpt.path").acquire(wait=cfg.ckpt.lock_wait)
         except OutputInUse as e:
             raise RunDirError(str(e)) from None
         except OSError as e:

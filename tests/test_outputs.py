@@ -70,6 +70,24 @@ def test_a_second_process_is_refused_naming_the_first(tmp_path) -> None:
     assert not out.exists()  # ... and the directory the first holder made, left empty, too
 
 
+def test_a_second_holder_may_wait_for_the_first_to_let_go(tmp_path, capsys) -> None:
+    """A requeued job whose predecessor is still exiting: acquire(wait=...) takes the lock once it is let go."""
+    import threading
+
+    out = tmp_path / "run"
+    holder = Holder(out, "--ckpt.path")
+    threading.Timer(1.0, holder.stop).start()  # lets go while the second one waits
+    with OutputLock(out, "--ckpt.path").acquire(wait=60) as lock:
+        assert lock.held
+    assert f"waiting up to 60 s for pid {holder.proc.pid} on" in capsys.readouterr().err
+    holder2 = Holder(out, "--ckpt.path")
+    try:
+        with pytest.raises(OutputInUse):
+            OutputLock(out, "--ckpt.path").acquire(wait=0.6)  # still held when the wait is over
+    finally:
+        holder2.stop()
+
+
 def test_a_killed_holders_lock_is_taken_over_and_said(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     holder = Holder(out, "--ckpt.path")
@@ -113,7 +131,7 @@ def test_a_second_run_on_a_run_directory_refuses_before_ray(tmp_path) -> None:
     run = tmp_path / "run"
     holder = Holder(run, "--ckpt.path")
     try:
-        cfg = load_config([*TINY, "--ckpt.path", str(run)])
+        cfg = load_config([*TINY, "--ckpt.path", str(run), "--ckpt.lock_wait", "0"])
         with pytest.raises(RunDirError, match=rf"^--ckpt.path {run} is in use by pid {holder.proc.pid} "):
             IBRLTrainer(cfg)
     finally:

@@ -239,6 +239,9 @@ class CkptConfig:
     :func:`marti_ibrl.commit.run_contents`): the old run's training files are deleted first. Without it (and without
     ``load_enable``) such a ``path`` is refused, so a re-submitted recipe never wipes a run."""
     max_num: int = 3
+    lock_wait: float = 60.0
+    """Seconds a run waits for another process holding ``path`` (marti_ibrl.outputs.OutputLock) to let go before
+    refusing: a requeued Slurm job may start while its predecessor's driver is still exiting."""
 
 
 @dataclass
