@@ -53,17 +53,17 @@ class OutputLock:
         wait for a holder to let go first (a requeued job whose predecessor is still exiting), said in one line."""
         if self._fd is not None:
             return self
-        deadline = time.monotonic() + wait
+        deadline, said = time.monotonic() + wait, False
         while True:
             try:
                 return self._acquire()
             except OutputInUse as e:
                 if time.monotonic() >= deadline:
                     raise
-                if wait and not getattr(self, "_said_wait", False):
+                if not said:
                     print(f"{self.flag} {self.output}: waiting up to {wait:g} s for {describe(e.holder)} to let go",
                           file=sys.stderr, flush=True)  # fmt: skip
-                    self._said_wait = True
+                    said = True
                 time.sleep(0.5)
 
     def _acquire(self) -> OutputLock:
