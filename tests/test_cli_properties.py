@@ -16,6 +16,7 @@ import io
 import json
 import os
 import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -175,7 +176,9 @@ OUTCOMES: dict[str, Counter] = {}
 
 def run(argv: list[str], out: Path) -> None:
     """One case: exit 0, :class:`Started`, or exit 2/4 with one error line and no traceback."""
-    argv = [a.replace("{out}", str(out)) for a in argv]  # (later flags override the command's valid base)
+    here = Path(tempfile.mkdtemp(dir=out))  # each case in a directory of its own: no case sees another's files, so
+    os.chdir(here)  # a case replays the same (hypothesis re-runs a failing one); the fixture restores the cwd
+    argv = [a.replace("{out}", str(here)) for a in argv]  # (later flags override the command's valid base)
     err = io.StringIO()
     tally = OUTCOMES.setdefault(" ".join(argv[:2] if argv[0] in ("dond", "telesales") else argv[:1]), Counter())
     try:

@@ -39,7 +39,7 @@ def test_round_trip_and_the_file_format(tmp_path) -> None:
     _commit().write(tmp_path)
     assert Commit.read(tmp_path) == _commit()
     on_disk = json.loads((tmp_path / STATE_FILE).read_text())
-    keys = ["iteration", "seed", "updates", "sampler", "pools", "history", "rollout_log", "ahead"]
+    keys = ["iteration", "seed", "updates", "sampler", "pools", "history", "rollout_log", "ahead", "files"]
     assert list(on_disk) == keys and on_disk["iteration"] == 3 and on_disk["updates"] == {"agent1": 3, "agent2": 1}
     assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]  # the temporary file was renamed over it
 

@@ -362,7 +362,10 @@ def dond_game(args: argparse.Namespace, seat: Callable[[], Any], name: str):
     """The person plays one seat of two-party DoND against ``seat()`` (``marti-ibrl play --env dond``)."""
     env = DondEnv(max_rounds=args.max_rounds, prompt_style=args.prompt_style, show_complement=args.show_complement)
     if args.data:
-        scenarios = load_lewis_file(args.data)[: args.num_scenarios]
+        try:
+            scenarios = load_lewis_file(args.data)[: args.num_scenarios]
+        except ValueError as e:  # (a file that cannot be read too)
+            raise ValueError(f"--data {e}") from None
     else:
         scenarios = generate_scenarios(args.num_scenarios, args.scenario_seed)
     return DondGame(env, seat(), name, scenarios)

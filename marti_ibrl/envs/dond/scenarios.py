@@ -246,17 +246,22 @@ def parse_lewis_line(line: str) -> LewisRecord:
 def load_lewis_file(path: str | Path) -> list[DondScenario]:
     """One scenario per non-blank line of a Lewis-format file (both perspectives of a dialogue are kept).
 
-    uid = ``f"{basename}:{lineno}"`` (1-based line numbers). A bad line raises ``ValueError`` naming it.
+    uid = ``f"{basename}:{lineno}"`` (1-based line numbers). A bad line raises ``ValueError`` naming it, and so does
+    a file that cannot be read as text (missing, a directory, binary).
     """
     path = Path(path)
     scenarios: list[DondScenario] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = parse_lewis_line(line)
-            except ValueError as err:
-                raise ValueError(f"{path}:{lineno}: {err}") from err
-            scenarios.append(record.to_scenario(uid=f"{path.name}:{lineno}"))
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"{path}: cannot read it as text ({why})") from None
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = parse_lewis_line(line)
+        except ValueError as err:
+            raise ValueError(f"{path}:{lineno}: {err}") from err
+        scenarios.append(record.to_scenario(uid=f"{path.name}:{lineno}"))
     return scenarios

@@ -453,32 +453,37 @@ def read_jsonl(path: str | os.PathLike[str], split: str) -> list[dict[str, Any]]
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})")
     profiles, seen = [], {}
-    with open(path, encoding="utf-8") as fp:
-        for n, line in enumerate(fp, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{n}"
-            try:
-                profile = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not JSON ({e.msg})") from None
-            got = profile.get("generation_meta", {}).get("split") if isinstance(profile, dict) else None
-            if got != split:
-                raise ValueError(f"{where}: expected a profile of split {split!r}, got generation_meta.split {got!r}")
-            try:
-                groups, uid = attributes(profile), profile_id(profile)
-            except (KeyError, TypeError) as e:
-                raise ValueError(
-                    f"{where}: missing {e} (layout of `marti-ibrl telesales profiles --split {split}`)"
-                ) from None
-            schema = TRAIN_GROUPS if split == "train" else EVAL_GROUPS
-            missing = [f"{g}.{f}" for g, fields in schema.items() for f in fields if f not in groups[g]]
-            if missing:
-                raise ValueError(f"{where}: missing fields {', '.join(missing)}")
-            if uid in seen:
-                raise ValueError(f"{where}: sample_id {uid!r} repeats line {seen[uid]}")
-            seen[uid] = n
-            profiles.append(profile)
+    try:
+        with open(path, encoding="utf-8") as fp:
+            lines = fp.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"{path}: cannot read it as text ({why})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            profile = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg})") from None
+        got = profile.get("generation_meta", {}).get("split") if isinstance(profile, dict) else None
+        if got != split:
+            raise ValueError(f"{where}: expected a profile of split {split!r}, got generation_meta.split {got!r}")
+        try:
+            groups, uid = attributes(profile), profile_id(profile)
+        except (KeyError, TypeError) as e:
+            raise ValueError(
+                f"{where}: missing {e} (layout of `marti-ibrl telesales profiles --split {split}`)"
+            ) from None
+        schema = TRAIN_GROUPS if split == "train" else EVAL_GROUPS
+        missing = [f"{g}.{f}" for g, fields in schema.items() for f in fields if f not in groups[g]]
+        if missing:
+            raise ValueError(f"{where}: missing fields {', '.join(missing)}")
+        if uid in seen:
+            raise ValueError(f"{where}: sample_id {uid!r} repeats line {seen[uid]}")
+        seen[uid] = n
+        profiles.append(profile)
     if not profiles:
         raise ValueError(f"{path}: no profiles")
     return profiles

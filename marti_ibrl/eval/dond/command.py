@@ -357,9 +357,7 @@ def _env_and_scenarios(args):
     if args.data:
         try:
             scenarios = load_lewis_file(args.data)[: args.num_scenarios]
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"--data {args.data}: cannot read it ({e})") from None
-        except ValueError as e:
+        except ValueError as e:  # (a file that cannot be read too)
             raise ValueError(f"--data {e}") from None
     else:
         scenarios = generate_scenarios(args.num_scenarios, args.scenario_seed)
