@@ -253,9 +253,10 @@ def load_lewis_file(path: str | Path) -> list[DondScenario]:
     scenarios: list[DondScenario] = []
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise ValueError(f"{path}: cannot read it as text ({why})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a text file ({e.reason})") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
