@@ -57,8 +57,11 @@ def _flags() -> list[str]:
         *("--role1.kl_coef", "0", "--role2.kl_coef", "0", "--role1.colocate_ref", "false"),
         *("--role2.colocate_ref", "false", "--role1.lr", "5e-3", "--role2.lr", "5e-3"),
         *("--role1.reward_fn", "test_e2e_ibrl:toy_reward", "--role2.reward_fn", "test_e2e_ibrl:toy_reward"),
-        *("--env.max_rounds", "2", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2"),
-        *("--rollout.max_new_tokens", "12", "--rollout.max_len", "384"),
+        # 4 scenarios x 24 tokens: an iteration long enough (~2-3 s) that the lost-node fault lands while the
+        # requeued job still has iterations to play even when the test's polls are slow under load (CI saw a job of
+        # 2 scenarios x 12 tokens finish its last two iterations, ~2.7 s, before the node was taken away)
+        *("--env.max_rounds", "2", "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "2"),
+        *("--rollout.max_new_tokens", "24", "--rollout.max_len", "384"),
         *("--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2"),
         *("--pool.probs", "[0.4,0.3,0.3]", "--pool.size", "2", "--train.iterations", str(ITERATIONS)),
         *("--ckpt.save_steps", "1", "--ckpt.save_hf", "true", "--train.check_sync", "true"),
