@@ -229,7 +229,7 @@ def test_resumed_run_replays_the_same_iterations(runs):
     history, now = b["rollout_log"][3]["pairings"]
     assert history["learners"] == ["agent2"] and history["seats"]["agent1"].startswith("pool:")
     assert now == {"learners": ["agent1"], "seats": current}
-    assert [m["rollout/dialogues"] for m in b["history"]][2:] == [4.0, 8.0]
+    assert [m["rollout/dialogues"] for m in b["history"]][2:] == [8.0, 16.0]  # 4 scenarios x G=2, x2 pairings
     assert a["updates"] == b["updates"] == {"agent1": b["updates"]["agent1"], "agent2": b["updates"]["agent2"]}
     assert a["sampler"] == b["sampler"]
     for ha, hb in zip(a["history"], b["history"]):
