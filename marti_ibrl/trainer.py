@@ -26,7 +26,7 @@ import ray
 from tqdm import tqdm
 
 from marti_ibrl.algorithm import ablations
-from marti_ibrl.algorithm.advantages import GroupSpread, group_key, group_spread, members
+from marti_ibrl.algorithm.advantages import GroupSpread, group_key, group_spread, members, penalized_attempts
 from marti_ibrl.algorithm.batching import RankSplit
 from marti_ibrl.algorithm.pool import (
     BOTH,
@@ -750,15 +750,16 @@ class IBRLTrainer:
         return Policy(f"pool:{snap.version}", stack.pool_engines, stack.tokenizer)
 
     def training_rewards(self, trajectories: Sequence[Trajectory]) -> dict[str, list[tuple[Trajectory, float]]]:
-        """Per trained role, its group members (Eq. 4) with the reward it optimises (R_i, or an ablation's)."""
-        ablation = self.ablation
-        scored = {
-            r: [
-                (t, ablation.training_reward(t, r))
-                for t in members(trajectories, r, ablation.rewards_needed(r, self.roles))
-            ]
-            for r in self.trained
-        }
+        """Per trained role, its group members (Eq. 4) and its penalised discarded attempts
+        (:func:`~marti_ibrl.algorithm.advantages.penalized_attempts`), with the reward it optimises (R_i, or an
+        ablation's)."""
+        ablation, penalize = self.ablation, self.cfg.train.penalize_resamples
+        scored = {}
+        for r in self.trained:
+            group = members(trajectories, r, ablation.rewards_needed(r, self.roles))
+            if penalize:  # its discarded malformed attempts, each a sample of its own
+                group += penalized_attempts(group, r, self.cfg.env.invalid_penalty)
+            scored[r] = [(t, ablation.training_reward(t, r)) for t in group]
         if ablation.joint_baseline:
             flat = [(r, t.scenario_uid, x) for r in self.trained for t, x in scored[r]]
             shaped = iter(ablations.joint_normalized_advantages(flat))
@@ -963,6 +964,7 @@ class IBRLTrainer:
             m[f"{r}/reward/failures"] = float(sum(r in t.reward_failures for t in trajectories))
             m[f"{r}/utility"] = mean(t.outcome.utilities.get(r, 0.0) for t in trajectories)
             m[f"{r}/malformed"] = sum(t.outcome.info.get("fault_role") == r for t in trajectories) / n
+            m[f"{r}/attempts_malformed"] = attempts_malformed(trajectories, r)
             m[f"{r}/updated"] = float(r in status and stepped(status[r]))
             m[f"{r}/scheduled"] = float(r in schedule)
             m[f"{r}/current_share"] = sum(t.policies[r] == "current" for t in trajectories) / n
@@ -975,6 +977,16 @@ class IBRLTrainer:
         for r in self.trained:
             m.update(sample_metrics(r, made[r], splits.get(r) if r in status else None, self.stacks[r].dp_ranks))
         return m
+
+
+def attempts_malformed(trajectories: Sequence[Trajectory], role: str) -> float:
+    """The share of ``role``'s generated turns the env refused, re-sampled ones included: the per-attempt malformed
+    rate (``ROLE/malformed`` counts dialogues that ended malformed after the re-samples, §5's protocol)."""
+    bad = sum(1 for t in trajectories for a in t.discarded if a.role == role)
+    bad += sum(1 for t in trajectories for x in t.turns if x.role == role and not x.valid)
+    total = sum(1 for t in trajectories for a in t.discarded if a.role == role)
+    total += sum(1 for t in trajectories for x in t.turns if x.role == role)
+    return bad / total if total else 0.0
 
 
 def sample_metrics(role: str, made: int, split: RankSplit | None, ranks: int) -> dict[str, float]:

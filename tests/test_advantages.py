@@ -13,10 +13,16 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker, grouped_reward_baseline
 from transformers import AutoTokenizer
 
-from marti_ibrl.algorithm.advantages import acted_with_current_policy, group_key, members, role_advantages
+from marti_ibrl.algorithm.advantages import (
+    acted_with_current_policy,
+    group_key,
+    members,
+    penalized_attempts,
+    role_advantages,
+)
 from marti_ibrl.config import ESTIMATORS  # every one the config accepts, checked against the patched OpenRLHF
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
-from marti_ibrl.rollout.dialogue import Trajectory, Turn
+from marti_ibrl.rollout.dialogue import Attempt, Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
 from marti_ibrl.tiny import build_tiny_model, dond_corpus
 from marti_ibrl.trainer import role_samples
@@ -323,6 +329,33 @@ def test_role_samples_membership_groups_rewards_and_masks(tok) -> None:
             lps = exp.rollout_log_probs[0]
             assert lps[mask].tolist() == pytest.approx([x for t in traj.turns if t.role == role for x in t.logprobs])
             assert lps[~mask].abs().sum().item() == 0.0
+
+
+def test_discarded_attempts_are_penalised_samples_of_their_role_alone(tok) -> None:
+    env = DondEnv(prompt_style="compact")
+    (s0,) = generate_scenarios(1, seed=5)
+    both = {"agent1": "current", "agent2": "current"}
+    kept = _trajectory(tok, env, s0, "q0", both, {"agent1": 6, "agent2": 4}, 0)
+    pooled = _trajectory(tok, env, s0, "q0", {"agent1": "current", "agent2": "pool:1"}, {"agent1": 2, "agent2": 2}, 1)
+    bad = list(tok("<try<try<try", add_special_tokens=False)["input_ids"])
+    for t in (kept, pooled):  # agent2's second turn was re-sampled once before the kept one
+        view = t.views["agent2"]
+        start = view.action_ranges[-1][0]
+        t.discarded.append(Attempt("agent2", "<try<try<try", view.ids[:start], bad, [-0.5] * len(bad), False, "x"))
+    assert penalized_attempts(members([kept, pooled], "agent1"), "agent1", -1.0) == []
+    (stub,) = penalized_attempts(members([kept, pooled], "agent2"), "agent2", -1.0)  # pool:1 wrote the other
+    assert stub.scenario_uid == "q0" and stub.learners == ("agent2",) and stub.rewards == {"agent2": -1.0}
+    assert stub.outcome.malformed and stub.outcome.info["fault_role"] == "agent2"
+    assert members([stub], "agent1") == [] and members([stub], "agent2") == [stub]
+    (exp,) = role_samples([(stub, -1.0)], "agent2", max_len=4096)
+    seq, mask = exp.sequences[0], exp.action_mask[0].bool()
+    assert exp.group_ids == ["agent2/q0"] and exp.rewards.tolist() == [-1.0] and bool(exp.truncated[0])
+    assert seq.tolist() == kept.discarded[0].prompt_ids + bad
+    assert seq[1:][mask].tolist() == bad  # the attempt alone is its action: the turns before it are context
+    assert exp.rollout_log_probs[0][mask].tolist() == [-0.5] * len(bad)
+    # in the group of q0, below the kept dialogue: a negative advantage, the kept one's positive
+    adv = role_advantages(torch.tensor([4.0, -1.0]), ["q0", "q0"], "agent2")
+    assert adv[1] < 0 < adv[0]
 
 
 def test_members_exclude_failed_dialogues_and_roles_that_never_spoke(tok) -> None:

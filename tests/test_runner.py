@@ -203,6 +203,12 @@ def test_malformed_turn_is_resampled_twice_then_ends_the_dialogue(rollout) -> No
         for view in t.views.values():
             text = view.tokenizer.decode(view.ids)
             assert MALFORMED[0] not in text and MALFORMED[1] not in text
+        # they are kept aside, with the prompt the policy saw: the one its kept third attempt was written after
+        view = t.views[faulty]
+        assert [(a.role, a.text, a.finished) for a in t.discarded] == [(faulty, m, True) for m in MALFORMED[:2]]
+        for a in t.discarded:
+            assert view.ids[: len(a.prompt_ids)] == a.prompt_ids and view.action_ranges[-1][0] == len(a.prompt_ids)
+            assert a.reason.startswith("malformed") and len(a.logprobs) == len(a.token_ids) > 0
     for role in ROLES:
         _, seen = stats[role]
         # per engine: one prompt asked 3 times (malformed: original + 2 re-samples), one asked twice (s2's first
@@ -218,6 +224,7 @@ def test_a_successful_resample_continues_the_dialogue(rollout) -> None:
     assert (first.valid, first.resamples) == (True, 1)
     assert first.text == SCENARIOS[2][2][0][1]
     assert all(turn.resamples == 0 and turn.valid for turn in t.turns[1:])
+    assert [a.role for a in t.discarded] == [first.role]
 
 
 def test_context_limit_ends_with_truncated_and_no_deal(rollout, tok) -> None:

@@ -10,7 +10,7 @@ from marti_ibrl.cli import main
 from marti_ibrl.rollout import transcripts as tr
 
 
-def _traj(uid: str, g: int, agreed: bool = False):
+def _traj(uid: str, g: int, agreed: bool = False, discarded=()):
     turns = [
         SimpleNamespace(role="agent1", text="<try> item0=1 <try>", valid=True, resamples=1),
         SimpleNamespace(role="agent2", text="<accept>", valid=agreed, resamples=0),
@@ -21,6 +21,7 @@ def _traj(uid: str, g: int, agreed: bool = False):
     return SimpleNamespace(
         scenario_uid=uid, sample_index=g, seats=["agent1", "agent2"], policies={"agent1": "current", "agent2": "pool:2"},
         turns=turns, rewards={"agent1": 0.5, "agent2": -1.0}, outcome=outcome, truncated=False,
+        discarded=list(discarded),
     )  # fmt: skip
 
 
@@ -37,6 +38,17 @@ def test_a_record_holds_what_a_reader_needs() -> None:
     )
     assert text.splitlines()[1:] == [
         "      agent1: <try> item0=1 <try>  (+1 discarded)",
+        "      agent2: ! <accept>",
+    ]
+
+
+def test_discarded_attempts_are_shown_before_the_turn_that_replaced_them() -> None:
+    attempt = SimpleNamespace(role="agent1", text="<try<try<try", reason="malformed: no offer")
+    rec = tr.transcript_record(3, _traj("gen-1", 1, discarded=[attempt]))
+    assert rec["discarded"] == [{"role": "agent1", "text": "<try<try<try", "reason": "malformed: no offer"}]
+    assert tr.format_dialogue(rec).splitlines()[1:] == [
+        "      agent1: ~ <try<try<try  [discarded: malformed: no offer]",
+        "      agent1: <try> item0=1 <try>",
         "      agent2: ! <accept>",
     ]
 

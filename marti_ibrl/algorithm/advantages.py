@@ -54,6 +54,40 @@ def members(trajectories: Sequence[Trajectory], role: str, needed: Sequence[str]
     ]
 
 
+def penalized_attempts(group: Sequence[Trajectory], role: str, penalty: float) -> list[Trajectory]:
+    """Role i's discarded malformed attempts in the trajectories of its groups (``group``: :func:`members`, so its
+    *current* policy wrote them), each as the dialogue it would have been had it stood: ended malformed by role i at
+    that turn, R_i = ``penalty`` (a malformed ending: no deal, 0 utility, plus ``env.invalid_penalty``), in group
+    G_{i,q} of the same scenario, its action (m_i = 1) the attempt's tokens alone, after the prompt the policy saw.
+
+    Without them, the runner's re-samples (``env.max_resamples``: the evaluation protocol's retries, §5, also used
+    in training) hide a malformed turn unless every attempt fails: one malformed with probability p is penalised at
+    p^(1+max_resamples) only (``--train.penalize_resamples``)."""
+    from marti_ibrl.envs.base import Outcome
+    from marti_ibrl.rollout.dialogue import Trajectory, Turn
+
+    out = []
+    for t in group:
+        for a in t.discarded:
+            if a.role != role:
+                continue
+            out.append(
+                Trajectory(
+                    scenario_uid=t.scenario_uid,
+                    scenario=t.scenario,
+                    seats=t.seats,
+                    policies=dict(t.policies),
+                    turns=[Turn(role, a.text, a.token_ids, a.logprobs, valid=False)],
+                    outcome=Outcome(agreed=False, malformed=True, info={"fault_role": role, "reason": a.reason}),
+                    rewards={role: float(penalty)},
+                    views={role: a.view(t.views[role].system_prompt)},
+                    sample_index=t.sample_index,
+                    learners=(role,),
+                )
+            )
+    return out
+
+
 @dataclass(frozen=True)
 class GroupSpread:
     """How many of role i's groups G_{i,q} can move its policy this iteration (Eq. 4): a group is *informative* when

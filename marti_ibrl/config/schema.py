@@ -206,6 +206,11 @@ class TrainConfig:
     """Stop the run when this many updates of one role in a row had optimizer steps skipped for a NaN/inf loss or
     gradient (``ROLE/update/skipped``; a skipped step leaves the weights as they were), before the iteration is
     saved."""
+    penalize_resamples: bool = True
+    """Each malformed attempt the rollout re-sampled (``env.max_resamples``) is also a sample of its role: the prompt
+    it saw and the tokens it wrote, with the reward of a dialogue that ended on it (``env.invalid_penalty``), in the
+    role's group of that scenario (Eq. 4). Off, the discarded attempts leave no trace and a turn malformed with
+    probability p is penalised only at p^(1+max_resamples) (docs/measured.md: the demo's late malformed turns)."""
     warn_uninformative: int = 5
     """Warn once per role, in one console line naming the likely cause, when this many of its due iterations in a
     row had no informative advantage group (``ROLE/informative_groups`` 0: every group of one member or of equal

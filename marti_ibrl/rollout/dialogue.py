@@ -19,6 +19,44 @@ class Turn:
 
 
 @dataclass
+class Attempt:
+    """A malformed turn the runner discarded and re-sampled: what the role's policy saw and wrote. Training penalises
+    it as a sample of its own (``--train.penalize_resamples``, :func:`marti_ibrl.trainer.discarded_trajectory`)."""
+
+    role: str
+    text: str
+    prompt_ids: list[int]  # the role's generation prompt at that turn (its view's ids + the assistant header)
+    token_ids: list[int]  # what its engine generated
+    logprobs: list[float]  # rollout log π_old(w) per generated token
+    finished: bool  # False: cut by max_new_tokens
+    reason: str = ""  # the env's reason it was malformed
+
+    def view(self, system_prompt: str) -> AttemptView:
+        """The attempt as a one-turn view (:func:`marti_ibrl.rollout.render.role_experience` reads it as a
+        :class:`~marti_ibrl.rollout.render.RoleView`): the prompt, no action; then the tokens written, the action."""
+        start = len(self.prompt_ids)
+        return AttemptView(
+            ids=[*self.prompt_ids, *self.token_ids],
+            action_ranges=[(start, start + len(self.token_ids))] if self.token_ids else [],
+            logprobs=[0.0] * start + list(self.logprobs),
+            system_prompt=system_prompt,
+            truncated=not self.finished,
+        )
+
+
+@dataclass
+class AttemptView:
+    """What :func:`~marti_ibrl.rollout.render.role_experience` reads of a view, for a discarded attempt."""
+
+    ids: list[int]
+    action_ranges: list[tuple[int, int]]
+    logprobs: list[float]
+    system_prompt: str
+    truncated: bool = False
+    has_logprobs: bool = True
+
+
+@dataclass
 class Trajectory:
     """A finished dialogue τ_g: exactly the seats' roles, each played by some policy."""
 
@@ -36,3 +74,4 @@ class Trajectory:
     failed: bool = False  # a frozen counterpart (endpoint) could not produce a turn: kept out of training
     sample_index: int = 0  # g within the scenario's group
     learners: tuple[str, ...] | None = None  # roles whose groups it may join (its Eq. 6 pairing); None: no restriction
+    discarded: list[Attempt] = field(default_factory=list)  # malformed attempts re-sampled (engine-played seats)

@@ -22,8 +22,9 @@ dialogues are batched apart from other passes' and seeded by their pass, so the 
 passes play at once (separate engines for a pool snapshot) or one after another with ``before_pass`` swapping
 weights in the same engines (``--train.colocate``: a role's own engines serve its pool snapshots, ``Policy.weights``).
 
-Malformed turns (the env says ``valid=False``) are re-sampled up to ``max_resamples`` times; the
-discarded attempts leave no trace. A turn still malformed after that ends the dialogue as
+Malformed turns (the env says ``valid=False``) are re-sampled up to ``max_resamples`` times; each discarded attempt of
+an engine-played seat is kept in ``trajectory.discarded`` (prompt and tokens: the trainer penalises it, the views and
+the env never see it). A turn still malformed after that ends the dialogue as
 malformed (no deal, the env's invalid penalty for its speaker). A turn the env cannot even read (its ``step`` raises:
 a parser's bug on a hostile reply) is such a malformed turn too, never the end of the run (:meth:`DialogueRunner._step`).
 A dialogue whose next turn could not
@@ -53,7 +54,7 @@ import ray
 from marti_ibrl.envs.base import DialogueEnv, TurnResult
 from marti_ibrl.progress import bar as progress_bar
 from marti_ibrl.reward_types import RewardUnavailable, score
-from marti_ibrl.rollout.dialogue import Trajectory, Turn
+from marti_ibrl.rollout.dialogue import Attempt, Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
 
 log = logging.getLogger(__name__)
@@ -369,7 +370,12 @@ class DialogueRunner:
             text = view.tokenizer.decode(out["token_ids"], skip_special_tokens=True).strip()
         result = self._step(traj, role, text)
         if not result.valid and item.attempts < self.max_resamples:
-            item.attempts += 1  # re-sample this turn; the failed attempt leaves no trace
+            item.attempts += 1  # re-sample this turn; the attempt is kept aside, outside the dialogue
+            if view is not None:
+                traj.discarded.append(
+                    Attempt(role, text, view.generation_prompt(), list(out["token_ids"]), list(out["logprobs"]),
+                            out["finish_reason"] == "stop", result.reason)  # fmt: skip
+                )
             return True
         if view is not None:
             view.add_own(out["token_ids"], out["logprobs"], finished=out["finish_reason"] == "stop")

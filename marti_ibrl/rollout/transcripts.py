@@ -3,7 +3,7 @@
 One JSON line per kept dialogue (``--logger.transcripts N`` per iteration, default 4; -1 all; 0 none): the
 iteration, the scenario and sample, the speaking order, who played each seat (``current``, ``pool:V``,
 ``frozen:NAME``), every turn (role, text, whether the env accepted it, malformed attempts discarded before it), the
-per-role rewards and the outcome. Appended and fsynced as each iteration learns, so a killed run keeps what it
+discarded attempts' texts and reasons, the per-role rewards and the outcome. Appended and fsynced as each iteration learns, so a killed run keeps what it
 played; a resumed run first drops the lines of iterations after its commit (it plays them again, identically).
 ``marti-ibrl show RUN`` prints them (:func:`format_dialogue`); tensorboard's text tab shows each iteration's.
 """
@@ -42,6 +42,7 @@ def transcript_record(k: int, traj) -> dict[str, Any]:
         "reason": outcome.info.get("reason", "") if outcome else "",
         "utilities": dict(outcome.utilities) if outcome else {},
         "truncated": bool(traj.truncated),
+        "discarded": [{"role": a.role, "text": a.text, "reason": a.reason} for a in traj.discarded],
     }
 
 
@@ -123,7 +124,8 @@ def read(run_dir: str | Path, iteration: int | None = None) -> list[dict]:
 
 def format_dialogue(rec: dict) -> str:
     """A kept dialogue as text: a header (iteration, scenario, who played, outcome, rewards), then one line per turn
-    (``!`` marks a turn the env refused; ``(+N discarded)`` the malformed attempts re-sampled before it)."""
+    (``!`` marks a turn the env refused; ``~`` a malformed attempt re-sampled before the next, with the env's reason;
+    ``(+N discarded)`` such attempts where a record does not hold their text)."""
     seats = ", ".join(f"{r}={rec['policies'].get(r, '?')}" for r in rec["seats"])
     ending = "agreed" if rec["agreed"] else f"malformed by {rec['fault_role']}" if rec["malformed"] else "no deal"
     if rec.get("reason") and not rec["agreed"]:
@@ -136,8 +138,14 @@ def format_dialogue(rec: dict) -> str:
         f"reward {rewards or '-'}"
     )
     lines = [head]
+    discarded = [a for a in rec.get("discarded", ()) if isinstance(a, dict)]  # in the order they were written
     for t in rec["turns"]:
+        n = t.get("resamples") or 0
+        before = [a for a in discarded if a.get("role") == t["role"]][:n]
+        for a in before:  # the malformed attempts re-sampled before this turn, as the policy wrote them
+            discarded.remove(a)
+            lines.append(f"  {t['role']:>10}: ~ {a.get('text', '')}  [discarded: {a.get('reason') or 'malformed'}]")
         mark = "" if t["valid"] else "! "
-        extra = f"  (+{t['resamples']} discarded)" if t.get("resamples") else ""
+        extra = f"  (+{n} discarded)" if n and not before else ""
         lines.append(f"  {t['role']:>10}: {mark}{t['text']}{extra}")
     return "\n".join(lines)
