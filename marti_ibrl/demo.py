@@ -39,13 +39,14 @@ TINY = "tiny"
 
 def base_model(name: str, out: Path, env_cfg: EnvConfig, seed: int = 0, engine: str = "auto") -> str:
     """Step 1: the model to warm-start. ``tiny``: built in ``out/tiny`` (with ``engine`` ``vllm`` it has vLLM-CPU's
-    smallest head size, ``VLLM_TINY_HEADS``); otherwise a :mod:`marti_ibrl.models` name, cached per machine."""
+    smallest head size, :func:`~marti_ibrl.sft.tiny_architecture`); otherwise a :mod:`marti_ibrl.models` name, cached
+    per machine."""
     t0 = time.perf_counter()
     if name == TINY:
-        from marti_ibrl.sft import DEMO_TINY_MODEL, VLLM_TINY_HEADS
+        from marti_ibrl.sft import tiny_architecture
         from marti_ibrl.tiny import build_tiny_dond_model
 
-        model = {**DEMO_TINY_MODEL, **(VLLM_TINY_HEADS if engine == "vllm" else {})}
+        model = tiny_architecture(engine)
         path = build_tiny_dond_model(
             out / "tiny", prompt_style=env_cfg.prompt_style, n_scenarios=64, seed=seed, **model
         )
@@ -63,16 +64,17 @@ SFT_RECORD = "demo_sft.json"
 """Beside an SFT warm start: what it was made from (``settings``), how (``command``) and what it reached."""
 
 
-def sft_settings(env_cfg: EnvConfig, model: str, sft_scenarios: int | None = None) -> dict:
-    """Everything a warm start depends on: the base model, the environment's rendering of the SFT dialogues, the SFT
-    hyperparameters (``DEMO_SFT`` for the tiny model, ``SMOLLM2_SFT`` for a pretrained one)."""
-    from marti_ibrl.sft import DEMO_SFT, DEMO_TINY_MODEL, SMOLLM2_SFT, rendering
+def sft_settings(env_cfg: EnvConfig, model: str, sft_scenarios: int | None = None, engine: str = "auto") -> dict:
+    """Everything a warm start depends on: the base model (the tiny one's architecture as built for ``engine``), the
+    environment's rendering of the SFT dialogues, the SFT hyperparameters (``DEMO_SFT`` for the tiny model,
+    ``SMOLLM2_SFT`` for a pretrained one)."""
+    from marti_ibrl.sft import DEMO_SFT, SMOLLM2_SFT, rendering, tiny_architecture
 
     sft = dict(DEMO_SFT if model == TINY else SMOLLM2_SFT)
     if sft_scenarios is not None:
         sft["n_scenarios"] = sft_scenarios
     env = {"name": env_cfg.name, **rendering(env_cfg)}
-    return {"model": model, "tiny_model": DEMO_TINY_MODEL if model == TINY else None, "env": env, "sft": sft}
+    return {"model": model, "tiny_model": tiny_architecture(engine) if model == TINY else None, "env": env, "sft": sft}
 
 
 def check_sft(sft_dir: str | Path, settings: dict, remake: str) -> str:
@@ -112,7 +114,7 @@ def prepare(
     if (sft_dir / "model.safetensors").exists():
         _step(f"reusing the SFT warm start in {sft_dir}")
         return str(sft_dir)
-    settings = sft_settings(env_cfg, model, sft_scenarios)
+    settings = sft_settings(env_cfg, model, sft_scenarios, engine)
     base = base_model(model, out, env_cfg, seed, engine)
     env, _ = make_env(env_cfg, seed)
     cfg = dict(settings["sft"])
@@ -220,16 +222,21 @@ def main(args: argparse.Namespace) -> int:
     from marti_ibrl.models import ModelError, lookup
 
     try:  # the whole recipe checked before anything runs (the SFT checkpoint assumed); its env renders the SFT data
-        env_cfg = load_config(flags + run_flags + user, assumed=[]).env
+        checked = load_config(flags + run_flags + user, assumed=[])
         if args.model != TINY:
             lookup(args.model)
     except (ConfigError, ModelError) as e:
         return _fail(str(e))
-    engine = OmegaConf.select(recipe, "rollout.engine", default="auto")
-    remake = f"marti-ibrl demo --config {args.config} --model {args.model} --make-sft {sft_dir}"
+    env_cfg, engine = checked.env, checked.rollout.engine  # the recipe's, or a flag's (--rollout.engine vllm)
+    engine_flag = (
+        [] if engine == OmegaConf.select(recipe, "rollout.engine", default="auto") else [f"--rollout.engine {engine}"]
+    )
+    remake = " ".join(
+        ["marti-ibrl demo --config", str(args.config), *engine_flag, "--model", args.model, "--make-sft", str(sft_dir)]
+    )
     try:
         if given:  # a committed warm start (recipes/dond/tiny-cpu.sh): checked against the recipe, never retrained
-            check_sft(sft_dir, sft_settings(env_cfg, args.model), remake)
+            check_sft(sft_dir, sft_settings(env_cfg, args.model, engine=engine), remake)
             made_by = json.loads((Path(sft_dir) / SFT_RECORD).read_text()).get("command", remake)
             _step(f"SFT warm start {sft_dir} (made by: {made_by})")
         else:

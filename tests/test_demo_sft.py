@@ -29,6 +29,13 @@ def test_settings_name_the_model_the_env_rendering_and_the_sft_hyperparameters()
     assert sft_settings(_env(), "tiny", sft_scenarios=3)["sft"]["n_scenarios"] == 3
 
 
+def test_the_record_names_the_architecture_built_for_the_engine() -> None:
+    hf, vllm = sft_settings(_env(), "tiny")["tiny_model"], sft_settings(_env(), "tiny", engine="vllm")["tiny_model"]
+    assert (hf["num_heads"], hf["num_kv_heads"]) == (8, 4)  # the committed warm start's
+    assert vllm["hidden_size"] // vllm["num_heads"] == 32 and (vllm["num_heads"], vllm["num_kv_heads"]) == (4, 2)
+    assert {k: v for k, v in vllm.items() if "heads" not in k} == {k: v for k, v in hf.items() if "heads" not in k}
+
+
 def test_a_warm_start_made_otherwise_is_refused_with_the_command_that_remakes_it(tmp_path) -> None:
     settings = sft_settings(_env(), "tiny")
     with pytest.raises(ConfigError, match=f"holds no {SFT_RECORD} \\(make one with: REMAKE\\)"):

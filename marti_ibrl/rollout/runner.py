@@ -373,8 +373,15 @@ class DialogueRunner:
             item.attempts += 1  # re-sample this turn; the attempt is kept aside, outside the dialogue
             if view is not None:
                 traj.discarded.append(
-                    Attempt(role, text, view.generation_prompt(), list(out["token_ids"]), list(out["logprobs"]),
-                            out["finish_reason"] == "stop", result.reason)  # fmt: skip
+                    Attempt(
+                        role,
+                        text,
+                        view.generation_prompt(),
+                        list(out["token_ids"]),
+                        list(out["logprobs"]),
+                        out["finish_reason"] == "stop",
+                        result.reason,
+                    )
                 )
             return True
         if view is not None:

@@ -25,6 +25,7 @@ from marti_ibrl.sft.presets import (
     SMOLLM2_SFT,
     VALIDITY_MAX_NEW_TOKENS,
     VLLM_TINY_HEADS,
+    tiny_architecture,
 )
 from marti_ibrl.sft.train import TENSORBOARD_SUBDIR, run_sft, sft_command, sft_loss_curve
 
@@ -37,6 +38,7 @@ __all__ = [
     "TENSORBOARD_SUBDIR",
     "VALIDITY_MAX_NEW_TOKENS",
     "VLLM_TINY_HEADS",
+    "tiny_architecture",
     "Record",
     "assistant_nll",
     "protocol_validity",

