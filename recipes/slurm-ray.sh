@@ -1,8 +1,9 @@
 # Shared by the Slurm recipes (recipes/<domain>/<model>.sh): sourced, never run by itself.
 #
-# A recipe sets IBRL_NODES / IBRL_GPUS_PER_NODE (its #SBATCH header), sources recipes/prologue.sh (RECIPE,
-# MARTI_IBRL, RAY, PYTHON), checks its variables with ibrl_require, fills TRAIN_FLAGS (what `marti-ibrl train` gets)
-# and calls ibrl_main "$@":
+# A recipe sources recipes/prologue.sh (RECIPE, MARTI_IBRL, RAY, PYTHON) and this file, checks its variables with
+# ibrl_require, fills TRAIN_FLAGS (what `marti-ibrl train` gets) and calls ibrl_main "$@". Its allocation is written
+# once, in its #SBATCH header (--nodes, --gres=gpu:N or --gpus-per-node): this file reads it (IBRL_NODES,
+# IBRL_GPUS_PER_NODE); in a job, Slurm's variables (what `sbatch -N 2 --gres=gpu:4 RECIPE` asked for) win.
 #
 #   sbatch RECIPE.sh [--section.key VALUE ...]   preflight `marti-ibrl plan --strict` (fails before anything
 #                                                starts when the job does not fit), Ray head on the first node and
@@ -18,7 +19,8 @@
 #                                                A lost node ends the job with train's error naming the node.
 #   bash RECIPE.sh --plan [flags]                the placement and memory per GPU, anywhere (no GPU, no Ray);
 #                                                checkpoint paths that do not exist here are sized by name
-#                                                (Qwen3.5-4B/9B) or with --model-config.
+#                                                (Qwen3.5-4B/9B) or with --model-config. The header's allocation
+#                                                comes first, so --nodes/--gpus-per-node/--gpu-memory given here win.
 #   bash RECIPE.sh --print-flags [flags]         TRAIN_FLAGS, one per line (tests/test_plan.py parses them).
 #
 # Environment (all optional): MARTI_IBRL (the marti-ibrl executable; default: on PATH, else .venv/bin),
@@ -53,10 +55,21 @@ ibrl_abspath() {
     if [[ "$1" = /* ]]; then echo "$1"; else echo "${SLURM_SUBMIT_DIR:-$PWD}/$1"; fi
 }
 
-ibrl_plan() {  # ibrl_plan NODES GPUS_PER_NODE [plan options]
+# ibrl_sbatch_header: IBRL_NODES and IBRL_GPUS_PER_NODE from RECIPE's #SBATCH lines, the one place they are written.
+ibrl_sbatch_header() {
+    local sbatch='^#SBATCH[[:space:]]\{1,\}'
+    IBRL_NODES=$(sed -n "s/${sbatch}--nodes[= ]\([0-9]\{1,\}\)[[:space:]]*\(#.*\)\{0,1\}$/\1/p" "$RECIPE" | head -n 1)
+    IBRL_GPUS_PER_NODE=$(sed -n -e "s/${sbatch}--gres[= ]gpu:\([A-Za-z0-9_.-]*:\)\{0,1\}\([0-9]\{1,\}\).*/\2/p" \
+        -e "s/${sbatch}--gpus-per-node[= ]\([A-Za-z0-9_.-]*:\)\{0,1\}\([0-9]\{1,\}\).*/\2/p" "$RECIPE" | head -n 1)
+    [[ -n $IBRL_NODES ]] || ibrl_die "$RECIPE has no '#SBATCH --nodes=N' line (the recipe's allocation)"
+    [[ -n $IBRL_GPUS_PER_NODE ]] || ibrl_die "$RECIPE has no '#SBATCH --gres=gpu:N' (or --gpus-per-node=N) line"
+}
+ibrl_sbatch_header
+
+ibrl_plan() {  # ibrl_plan NODES GPUS_PER_NODE [plan options]: the allocation first, so flags in TRAIN_FLAGS win
     local nodes=$1 gpn=$2
     shift 2
-    "$MARTI_IBRL" plan "${TRAIN_FLAGS[@]}" --nodes "$nodes" --gpus-per-node "$gpn" --gpu-memory "$GPU_MEMORY_GIB" "$@"
+    "$MARTI_IBRL" plan --nodes "$nodes" --gpus-per-node "$gpn" --gpu-memory "$GPU_MEMORY_GIB" "${TRAIN_FLAGS[@]}" "$@"
 }
 
 # ibrl_ray_alive: every `ray start` of this job (IBRL_RAY_PIDS, one srun each) still runs; else an error naming it.

@@ -54,8 +54,24 @@ def sbatch_allocation(recipe: str) -> tuple[int, int]:
     text = (ROOT / "recipes" / f"{recipe}.sh").read_text()
     nodes = int(re.search(r"^#SBATCH --nodes=(\d+)$", text, re.M).group(1))
     gpus = int(re.search(r"^#SBATCH --gres=gpu:(\d+)$", text, re.M).group(1))
-    assert re.search(rf"^IBRL_NODES={nodes} IBRL_GPUS_PER_NODE={gpus}\b", text, re.M), "launcher vs #SBATCH header"
+    assert "IBRL_NODES=" not in text and "IBRL_GPUS_PER_NODE=" not in text  # the header is the one place
     return nodes, gpus
+
+
+@pytest.mark.parametrize("recipe", RECIPES_32 + RECIPES_8)
+def test_plan_flags_after_the_recipe_win_over_its_header(recipe, checkpoints, tmp_path):
+    env = recipe_env(recipe, checkpoints, tmp_path)
+    script = str(ROOT / "recipes" / f"{recipe}.sh")
+    nodes, gpus = sbatch_allocation(recipe)
+    run = subprocess.run(["bash", script, "--plan"], env=env, capture_output=True, text=True)
+    assert f"allocation {nodes} node{'s' if nodes > 1 else ''} × {gpus} GPUs" in run.stdout, run.stdout + run.stderr
+    run = subprocess.run(
+        ["bash", script, "--plan", "--nodes", "2", "--gpus-per-node", "4", "--gpu-memory", "40"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert "allocation 2 nodes × 4 GPUs = 8" in run.stdout and "(of 40.0)" in run.stdout, run.stdout + run.stderr
 
 
 @pytest.mark.parametrize("recipe", RECIPES_32 + RECIPES_8)

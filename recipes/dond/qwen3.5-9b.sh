@@ -23,7 +23,6 @@
 #               seeded generator (env.num_scenarios).
 # Extra flags override the YAML (e.g. --train.iterations 30). Launcher variables: recipes/slurm-ray.sh.
 set -euo pipefail
-IBRL_NODES=4 IBRL_GPUS_PER_NODE=8  # = the #SBATCH header
 
 RECIPE=${BASH_SOURCE[0]}  # under sbatch, Slurm's copy: the original is the job's Command (recipes/prologue.sh)
 if [[ ${RECIPE##*/} == slurm_script ]]; then

@@ -23,7 +23,6 @@
 # recipes/dond/tiny-cluster-colocated-cpu.yaml` builds and SFTs (OUT/sft), or the one tests/test_e2e_tiny_cluster.py builds.
 # Launcher variables: recipes/slurm-ray.sh.
 set -euo pipefail
-IBRL_NODES=2 IBRL_GPUS_PER_NODE=1  # = the #SBATCH header
 
 RECIPE=${BASH_SOURCE[0]}  # under sbatch, Slurm's copy: the original is the job's Command (recipes/prologue.sh)
 if [[ ${RECIPE##*/} == slurm_script ]]; then

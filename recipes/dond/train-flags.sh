@@ -1,4 +1,4 @@
-# Sourced by recipes/dond/*.sh (the Slurm ones) after they set IBRL_NODES and IBRL_GPUS_PER_NODE and source
+# Sourced by recipes/dond/*.sh (the Slurm ones) after they source
 # recipes/prologue.sh: the variables a DoND recipe needs and the flags it hands to `marti-ibrl train` (config: the
 # YAML named like the recipe, beside it). The variables are documented in each recipe's header.
 source "$RECIPE_DIR/../slurm-ray.sh"

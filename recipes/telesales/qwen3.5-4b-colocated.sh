@@ -31,7 +31,6 @@
 # TELESALES_LANG               (optional) prompt language, en (default) or zh (the paper's Chinese calls)
 # Extra flags override the YAML. Launcher variables: recipes/slurm-ray.sh.
 set -euo pipefail
-IBRL_NODES=1 IBRL_GPUS_PER_NODE=8  # = the #SBATCH header
 
 RECIPE=${BASH_SOURCE[0]}  # under sbatch, Slurm's copy: the original is the job's Command (recipes/prologue.sh)
 if [[ ${RECIPE##*/} == slurm_script ]]; then

@@ -1,4 +1,4 @@
-# Sourced by recipes/telesales/qwen3.5-*.sh after they set IBRL_NODES and IBRL_GPUS_PER_NODE and source
+# Sourced by recipes/telesales/qwen3.5-*.sh after they source
 # recipes/prologue.sh: the variables a TeleSales recipe needs and the flags it hands to `marti-ibrl train` (config: the
 # YAML named like the recipe, beside it). The variables are documented in each recipe's header.
 source "$RECIPE_DIR/../slurm-ray.sh"
