@@ -84,3 +84,22 @@ def test_show(tmp_path, capsys) -> None:
     )
     assert main(["show", str(tmp_path / "nope")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_show_malformed_says_who_wrote_malformed_turns_where_and_what(tmp_path, capsys) -> None:
+    attempt = SimpleNamespace(role="agent1", text="<try<try<try", reason="malformed")
+    tr.append(
+        tmp_path, [tr.transcript_record(1, _traj("a", 0, discarded=[attempt])), tr.transcript_record(2, _traj("b", 0))]
+    )
+    assert tr.malformed_turns(tr.read(tmp_path, 1)[0]) == [("agent1", 1, "<try<try<try"), ("agent2", 2, "<accept>")]
+    assert main(["show", str(tmp_path), "--malformed"]) == 0  # every iteration's
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert rows[0][:4] == ["iteration", "role", "generated", "malformed"]
+    # iteration 1: agent1 wrote 2 turns (one re-sampled at turn 1), agent2 one, malformed (kept, at turn 2)
+    assert rows[1][:7] == ["1", "agent1", "2", "1", "(50%)", "1:", "1"] and rows[1][-2:] == ['"<try<try<try"', "x1"]
+    assert rows[2][:7] == ["1", "agent2", "1", "1", "(100%)", "2:", "1"]
+    # iteration 2's record holds no attempt texts (as records made before they were kept): counted all the same
+    assert rows[3][:5] == ["2", "agent1", "2", "1", "(50%)"] and rows[3][-4:] == ['"(text', "not", 'kept)"', "x1"]
+    assert len(rows) == 5
+    assert main(["show", str(tmp_path), "--malformed", "--iteration", "2"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3

@@ -1,5 +1,6 @@
-"""``marti-ibrl show RUN [--iteration K]``: the dialogues a training run kept (``RUN/transcripts.jsonl``,
-``--logger.transcripts``), printed readably (:func:`marti_ibrl.rollout.transcripts.format_dialogue`)."""
+"""``marti-ibrl show RUN [--iteration K] [--malformed]``: the dialogues a training run kept (``RUN/transcripts.jsonl``,
+``--logger.transcripts``), printed readably (:func:`marti_ibrl.rollout.transcripts.format_dialogue`), or where their
+malformed turns came from (:func:`marti_ibrl.rollout.transcripts.malformed_summary`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from marti_ibrl.commands.argtypes import int_range
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from marti_ibrl.rollout.transcripts import TRANSCRIPTS_FILE, format_dialogue, read
+    from marti_ibrl.rollout.transcripts import TRANSCRIPTS_FILE, format_dialogue, malformed_summary, read
 
     run = Path(args.run)
     if not (run / TRANSCRIPTS_FILE).is_file():
@@ -27,8 +28,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"marti-ibrl show: error: {run}: no dialogues kept for iteration {args.iteration} (kept: {span})",
               file=sys.stderr)  # fmt: skip
         return 2
-    if args.iteration is None:  # the last iteration's, unless --all
-        records = records if args.all else [r for r in records if r["iteration"] == records[-1]["iteration"]]
+    if args.iteration is None:  # the last iteration's, unless --all (--malformed: every iteration's)
+        every = args.all or args.malformed
+        records = records if every else [r for r in records if r["iteration"] == records[-1]["iteration"]]
+    if args.malformed:
+        print(malformed_summary(records))
+        return 0
     for rec in records[: args.n] if args.n else records:
         print(format_dialogue(rec), end="\n\n")
     return 0
@@ -44,4 +49,10 @@ def add_show_parser(sub) -> None:
     show.add_argument("--iteration", type=int_range(1), default=None, help="its iteration (default: the last)")
     show.add_argument("--all", action="store_true", help="every iteration's")
     show.add_argument("-n", type=int_range(1), default=None, help="at most this many dialogues")
+    show.add_argument(
+        "--malformed",
+        action="store_true",
+        help="instead of the dialogues, a table per iteration (every one, or --iteration K) and role: turns "
+        "generated, malformed ones (re-sampled attempts included), at which turn, their commonest texts",
+    )
     show.set_defaults(func=cmd_show)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -149,3 +150,41 @@ def format_dialogue(rec: dict) -> str:
         extra = f"  (+{n} discarded)" if n and not before else ""
         lines.append(f"  {t['role']:>10}: {mark}{t['text']}{extra}")
     return "\n".join(lines)
+
+
+def malformed_turns(rec: dict) -> list[tuple[str, int, str]]:
+    """(role, turn number from 1, text) of every malformed turn a kept dialogue holds: the attempts re-sampled before a
+    turn (``discarded``; text "" where the record does not hold it) and a turn that stayed malformed."""
+    discarded = [a for a in rec.get("discarded", ()) if isinstance(a, dict)]
+    out = []
+    for i, t in enumerate(rec["turns"], start=1):
+        n = t.get("resamples") or 0
+        before = [a for a in discarded if a.get("role") == t["role"]][:n]
+        for a in before:
+            discarded.remove(a)
+            out.append((t["role"], i, str(a.get("text", ""))))
+        out += [(t["role"], i, "")] * (n - len(before))  # a record that does not hold their texts
+        if not t["valid"]:
+            out.append((t["role"], i, t["text"]))
+    return out
+
+
+def malformed_summary(records: Sequence[dict], texts: int = 2) -> str:
+    """Per iteration and role of the kept dialogues: turns generated (re-sampled attempts included), how many were
+    malformed, at which turn of the dialogue, and the ``texts`` commonest malformed texts: where malformed turns come
+    from (``marti-ibrl show RUN --malformed``)."""
+    rows = [["iteration", "role", "generated", "malformed", "at turn", "commonest malformed texts"]]
+    keys = sorted({(r["iteration"], t["role"]) for r in records for t in r["turns"]})
+    for k, role in keys:
+        recs = [r for r in records if r["iteration"] == k]
+        generated = sum(1 + (t.get("resamples") or 0) for r in recs for t in r["turns"] if t["role"] == role)
+        bad = [(i, text) for r in recs for who, i, text in malformed_turns(r) if who == role]
+        at = Counter(i for i, _ in bad)
+        common = Counter(text[:40] or "(text not kept)" for _, text in bad).most_common(texts)
+        rows.append([
+            str(k), role, str(generated), f"{len(bad)} ({len(bad) / generated:.0%})" if generated else "0",
+            ", ".join(f"{i}: {n}" for i, n in sorted(at.items())) or "-",
+            "; ".join(f"{json.dumps(t, ensure_ascii=False)} x{n}" for t, n in common) or "-",
+        ])  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[-1]]) for row in rows)
