@@ -256,39 +256,12 @@ def main(args: argparse.Namespace) -> int:
         history = train(cfg)
     except ConfigError as e:
         return _fail(str(e))
-    _step(f"IB-RL done in {time.perf_counter() - t0:.0f}s; HF checkpoints: {cfg.ckpt.path}/<role>/hf")
-    from marti_ibrl.eval.report import write_report
+    _step(f"IB-RL done in {time.perf_counter() - t0:.0f}s")
+    from marti_ibrl.eval.report import finished_lines
 
-    report = write_report(cfg.ckpt.path)
-    _step(learning_summary(history))
-    _step(f"report: {report} (next: marti-ibrl eval / diagnose, see docs/evaluation.md)")
-    from marti_ibrl.envs import registry
-
-    if (
-        registry.get(cfg.env.name).evaluate is not None
-    ):  # the evaluation of this run's pair, on the protocol it trained on (--run)
-        run, (a, b) = cfg.ckpt.path, [r.name for r in cfg.roles]
-        _step(
-            f"evaluate it: marti-ibrl eval --run {run} --policy {a}={run}/{a}/hf "
-            f"--in-system {a}=checkpoint:{run}/{b}/hf --counterpart heldout:hardliner -n 50 --out {run}/eval"
-        )
+    for line in finished_lines(cfg, history):
+        _step(line)
     _step(f"total {time.perf_counter() - t_start:.0f}s; the curves:")
     for name in ("outcome_curves.png", "reward_curves.png"):
         print(Path(cfg.ckpt.path) / "figures" / name, flush=True)
     return 0
-
-
-def learning_summary(history: list[dict], k: int = 3) -> str:
-    """What the run learned, in one line: agreement and malformed shares, mean of the first ``k`` iterations → the
-    last ``k``."""
-    k = max(1, min(k, len(history) // 2))
-
-    def mean(key: str, part: list[dict]) -> float:
-        return sum(m[key] for m in part) / len(part)
-
-    first, last = history[:k], history[-k:]
-    parts = [
-        f"{label} {mean(key, first):.2f} -> {mean(key, last):.2f}"
-        for key, label in (("rollout/agreement", "agreement"), ("rollout/malformed", "malformed"))
-    ]
-    return f"first {k} -> last {k} iterations: " + ", ".join(parts)

@@ -64,7 +64,7 @@ def test_demo_with_a_mismatched_warm_start_stops_before_anything_runs(tmp_path, 
 
 
 def test_learning_summary_compares_the_first_and_last_iterations() -> None:
-    from marti_ibrl.demo import learning_summary
+    from marti_ibrl.eval.report import learning_summary
 
     history = [{"rollout/agreement": a, "rollout/malformed": m} for a, m in zip([0, 0.1, 0.2, 0.5, 0.6, 0.7], [1] * 6)]
     assert learning_summary(history) == "first 3 -> last 3 iterations: agreement 0.10 -> 0.60, malformed 1.00 -> 1.00"

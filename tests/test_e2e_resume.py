@@ -186,6 +186,7 @@ def runs(tmp_path_factory, local_slurm):
     return SimpleNamespace(
         model=model,
         straight=straight,
+        straight_log=(tmp / "straight.log").read_text(),
         resumed=resumed,
         killed_log=killed_log,
         killed_ahead=killed_ahead,
@@ -238,6 +239,18 @@ def test_resumed_run_replays_the_same_iterations(runs):
     grads = [m["agent1/actor_grad_norm"] for m in a["history"]]
     assert grads == [m["agent1/actor_grad_norm"] for m in b["history"]]
     assert all(g > 0 for g in grads[:2])  # real gradients before the interruption: Adam has states to restore
+
+
+def test_train_ends_saying_where_the_run_is_its_report_and_what_to_run_next(runs):
+    lines = [line for line in runs.straight_log.splitlines() if line.startswith("[train] ")]
+    run = runs.straight
+    assert lines[0].startswith(f"[train] run directory: {run} (HF checkpoints: {run}/<role>/hf")
+    assert lines[1] == f"[train] report: {run}/report.md (curves in {run}/figures)"
+    assert (run / "report.md").read_text().startswith(f"# Report: {run.name}")
+    assert (run / "figures" / "outcome_curves.png").stat().st_size > 0
+    assert lines[2].startswith("[train] first 2 -> last 2 iterations: agreement ")
+    assert lines[3] == f"[train] what they said: marti-ibrl show {run} (--malformed: where malformed turns came from)"
+    assert lines[4].startswith(f"[train] evaluate it: marti-ibrl eval --run {run} --policy agent1={run}/agent1/hf ")
 
 
 def test_resumed_pools_match(runs):

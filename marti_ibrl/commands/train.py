@@ -27,7 +27,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from marti_ibrl.trainer import TrainingStopped, train
 
     try:
-        train(cfg)  # the trainer's own checks (prompts that fit --rollout.max_len) come before Ray starts
+        history = train(cfg)  # the trainer's own checks (prompts that fit --rollout.max_len) come before Ray starts
     except ConfigError as e:
         return fail(e)
     except NodeLostError as e:  # the cluster lost a node: resumable from the last commit (the message says how)
@@ -36,6 +36,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     except TrainingStopped as e:  # NaN/inf rewards, steps or weights past their limits; the last commit is intact
         print(f"marti-ibrl train: error: {e}", file=sys.stderr)
         return 4
+    from marti_ibrl.eval.report import finished_lines
+
+    for line in finished_lines(cfg, history):
+        print(f"[train] {line}", flush=True)
     return 0
 
 

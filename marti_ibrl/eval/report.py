@@ -206,3 +206,42 @@ def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, refere
     out = run_dir / "report.md"
     out.write_text("\n\n".join(parts) + "\n")
     return out
+
+
+def learning_summary(history: list[dict], k: int = 3) -> str:
+    """What the run learned, in one line: agreement and malformed shares, mean of the first ``k`` iterations → the
+    last ``k``."""
+    k = max(1, min(k, len(history) // 2))
+
+    def mean(key: str, part: list[dict]) -> float:
+        return sum(m[key] for m in part) / len(part)
+
+    first, last = history[:k], history[-k:]
+    parts = [
+        f"{label} {mean(key, first):.2f} -> {mean(key, last):.2f}"
+        for key, label in (("rollout/agreement", "agreement"), ("rollout/malformed", "malformed"))
+    ]
+    return f"first {k} -> last {k} iterations: " + ", ".join(parts)
+
+
+def finished_lines(cfg, history: list[dict]) -> list[str]:
+    """What a finished training run says last (``train`` and ``demo``): where the run is, its ``report.md`` (written
+    here; a report that cannot be written is said, never fatal), what it learned, and the command to try next."""
+    from marti_ibrl.envs import registry
+
+    run = cfg.ckpt.path
+    lines = [f"run directory: {run} (HF checkpoints: {run}/<role>/hf; tensorboard: {run}/tensorboard)"]
+    try:
+        lines.append(f"report: {write_report(run)} (curves in {run}/figures)")
+    except Exception as e:  # a report is a view of the run, which is complete either way
+        lines.append(f"report not written ({type(e).__name__}: {e}); the run is complete")
+    if history:
+        lines.append(learning_summary(history))
+    lines.append(f"what they said: marti-ibrl show {run} (--malformed: where malformed turns came from)")
+    if registry.get(cfg.env.name).evaluate is not None:  # this run's pair, on the protocol it trained on (--run)
+        a, b = [r.name for r in cfg.roles]
+        lines.append(
+            f"evaluate it: marti-ibrl eval --run {run} --policy {a}={run}/{a}/hf "
+            f"--in-system {a}=checkpoint:{run}/{b}/hf --counterpart heldout:hardliner -n 50 --out {run}/eval"
+        )
+    return lines
