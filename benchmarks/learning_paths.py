@@ -1,0 +1,245 @@
+"""Does every training path a cluster user runs learn? (issue 49, item 3)
+
+One game, one warm start, one set of hyperparameters: the demo's (``recipes/dond/tiny-cpu.yaml``, 40 iterations), from
+the vLLM-capable tiny warm start ``recipes/dond/tiny-sft-vllm/`` (head_dim 32, vLLM-CPU's minimum; its
+``demo_sft.json`` says how it was made), trained with ``marti-ibrl train`` through each path (:data:`PATHS`), for
+seeds 42 and 1 (``--seeds`` for more):
+
+========================  ===========================================================================================
+path                      flags added to the demo's recipe
+========================  ===========================================================================================
+``hf``                    none: HF engines, one DeepSpeed rank per role, ZeRO-2, synchronous (the demo's layout)
+``vllm_zero3``            vLLM-CPU engines, 2 ZeRO-3 ranks per role with the reference on their slots, a pool engine
+                          per role (the 32-GPU layout in miniature, recipes/dond/tiny-cluster-cpu.yaml's structure)
+``colocate_all``          ``--train.colocate all``: every role's actor, reference and engines on shared slots
+``async1``                ``--train.async_rollout true``: the rollout of k+1 beside the updates of k, staleness 1
+``lora``                  LoRA roles (rank 16, α 32) with adapter pools, one engine set for both
+                          (``--rollout.share_engines``); the LoRA learning rate is its own (:data:`LORA_LR`)
+========================  ===========================================================================================
+
+Question and floor, fixed by the issue before any run: per path and seed, agreement first 3 → last 3 iterations gains
+>= 0.20, with malformed (dialogues that ended malformed, §5's protocol) <= 0.05 over the last 3 iterations. A path
+that does not is a defect to find. Also reported: per-role reward (last 3), the share of generated turns malformed,
+and seconds per iteration on 2 cores.
+
+Each (path, seed) is a unit: its run in ``OUT/<path>-s<seed>`` and its numbers in
+``benchmarks/results/learning_paths/<path>-s<seed>.json`` (kept in the repository; a unit with a file is not run
+again, ``--rerun`` runs it again). The report (``benchmarks/results/learning_paths.md``, ``.json`` with one record
+per run: ``path``, ``seed``, ``agreement_gain``, ``malformed_last3``, ``s_per_iteration``, and ``.png`` with every
+path's agreement curve) is rebuilt from those files (``--report-only``). Run it in a clone of its own:
+
+    .venv/bin/python benchmarks/learning_paths.py --out runs/learning_paths [--paths hf lora] [--seeds 42 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+UNITS = RESULTS / "learning_paths"
+RECIPE = ROOT / "recipes" / "dond" / "tiny-cpu.yaml"
+WARM_START = ROOT / "recipes" / "dond" / "tiny-sft-vllm"
+SEEDS = (42, 1)
+K = 3
+FLOOR = {"gain": 0.20, "malformed_last3": 0.05}
+LORA_LR = 5e-3  # adapters start at B = 0 and hold ~2% of the parameters: a larger step than full weights (1e-3)
+_ROLES = ("--role1", "--role2")
+PATHS: dict[str, list[str]] = {
+    "hf": ["--rollout.engine", "hf"],
+    "vllm_zero3": [
+        *("--rollout.engine", "vllm", "--ds.zero_stage", "3", "--pool.num_engines", "1"),
+        *(x for r in _ROLES for x in (f"{r}.num_gpus_per_node", "2", f"{r}.colocate_ref", "true")),
+    ],
+    "colocate_all": ["--rollout.engine", "hf", "--train.colocate", "all"],
+    "async1": ["--rollout.engine", "hf", "--train.async_rollout", "true", "--train.max_staleness", "1"],
+    "lora": [
+        *("--rollout.engine", "hf", "--rollout.share_engines", "true"),
+        *(x for r in _ROLES for x in (f"{r}.lora_rank", "16", f"{r}.lora_alpha", "32", f"{r}.lr", str(LORA_LR))),
+    ],
+}
+PER_ROLE = ("reward", "malformed", "attempts_malformed")
+
+
+def _log(msg: str) -> None:
+    print(f"[learning_paths] {msg}", flush=True)
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def command(path: str, seed: int, run: Path) -> list[str]:
+    """``marti-ibrl train`` of one path and seed, into ``run``."""
+    exe = str(Path(sys.executable).parent / "marti-ibrl")
+    return [
+        *(exe, "train", "--config", str(RECIPE)),
+        *("--role1.pretrain", str(WARM_START), "--role2.pretrain", str(WARM_START)),
+        *("--ckpt.path", str(run), "--train.seed", str(seed), "--ckpt.save_hf", "false"),
+        *PATHS[path],
+    ]
+
+
+def run_unit(path: str, seed: int, out: Path) -> dict:
+    from marti_ibrl.eval.figures import load_history, roles_in_history
+
+    run = out / f"{path}-s{seed}"
+    cmd = command(path, seed, run)
+    _log(f"{path} seed {seed}: {' '.join(cmd)}")
+    t0 = time.perf_counter()
+    with open(out / f"{path}-s{seed}.log", "w") as log:
+        done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    if done.returncode:
+        sys.exit(
+            f"[learning_paths] {path} seed {seed}: train failed (exit {done.returncode}); see {out}/{path}-s{seed}.log"
+        )
+    history = load_history(run)
+    roles = roles_in_history(history)
+    return {
+        "path": path,
+        "seed": seed,
+        "commit": _commit(),
+        "command": " ".join(cmd[1:]),
+        "wall_seconds": round(wall, 1),
+        "roles": roles,
+        "history": [
+            {k: m[k] for k in ("iteration", "rollout/agreement", "rollout/malformed")}
+            | {"seconds": sum(v for k, v in m.items() if k.startswith("timing/") and k != "timing/total") or None}
+            | {f"{r}/{c}": m.get(f"{r}/{c}") for r in roles for c in PER_ROLE}
+            for m in history
+        ],
+    }
+
+
+def _mean(xs) -> float:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def summary(unit: dict) -> dict:
+    h = unit["history"]
+    agree = [m["rollout/agreement"] for m in h]
+    s = {
+        "path": unit["path"],
+        "seed": unit["seed"],
+        "agreement_first3": _mean(agree[:K]),
+        "agreement_last3": _mean(agree[-K:]),
+        "malformed_last3": _mean(m["rollout/malformed"] for m in h[-K:]),
+        "s_per_iteration": unit["wall_seconds"] / len(h),
+        "reward_last3": {r: _mean(m[f"{r}/reward"] for m in h[-K:]) for r in unit["roles"]},
+        "attempts_malformed_last3": {r: _mean(m[f"{r}/attempts_malformed"] for m in h[-K:]) for r in unit["roles"]},
+    }
+    s["agreement_gain"] = s["agreement_last3"] - s["agreement_first3"]
+    s["meets_floor"] = s["agreement_gain"] >= FLOOR["gain"] and s["malformed_last3"] <= FLOOR["malformed_last3"]
+    return s
+
+
+def figure(units: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colors = dict(zip(PATHS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for u in units:
+        it = [m["iteration"] for m in u["history"]]
+        style = "-" if u["seed"] == SEEDS[0] else "--"
+        label = f"{u['path']} seed {u['seed']}"
+        ax.plot(it, [m["rollout/agreement"] for m in u["history"]], style, color=colors.get(u["path"]), label=label)
+    ax.set(xlabel="iteration", ylabel="agreement", ylim=(0, 1), title="every training path, one warm start")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(units: list[dict]) -> str:
+    rows = [summary(u) for u in units]
+    lines = [
+        "| path | seed | agreement first 3 → last 3 | gain | malformed last 3 | reward last 3 | turns malformed, last 3 "
+        "| s/iteration | floor |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in rows:
+        rew = ", ".join(f"{r} {x:.2f}" for r, x in s["reward_last3"].items())
+        bad = ", ".join(f"{r} {x:.3f}" for r, x in s["attempts_malformed_last3"].items())
+        lines.append(
+            f"| {s['path']} | {s['seed']} | {s['agreement_first3']:.2f} → {s['agreement_last3']:.2f} | "
+            f"{s['agreement_gain']:+.2f} | {s['malformed_last3']:.3f} | {rew} | {bad} | {s['s_per_iteration']:.1f} | "
+            f"{'met' if s['meets_floor'] else 'NOT met'} |"
+        )
+    return "\n".join(
+        [
+            "# Every training path learns? (benchmarks/learning_paths.py)",
+            "",
+            "Issue 49, item 3. Question and floor fixed before the runs: per path and seed, agreement gains >= 0.20 "
+            "(first 3 → last 3 iterations) with malformed <= 0.05 over the last 3. One warm start "
+            f"(`{WARM_START.relative_to(ROOT)}`), the demo's recipe and hyperparameters; the LoRA path's learning "
+            f"rate is {LORA_LR:g}. Commits: {', '.join(sorted({u['commit'] for u in units}))}.",
+            "",
+            *lines,
+            "",
+            f"**{sum(s['meets_floor'] for s in rows)} of {len(rows)} runs meet the floor.**",
+            "",
+            "![agreement per iteration, every path](learning_paths.png)",
+            "",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/learning_paths", help="where the runs go (not kept in the repository)")
+    p.add_argument("--paths", nargs="*", default=list(PATHS), choices=list(PATHS))
+    p.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
+    p.add_argument("--rerun", action="store_true", help="run a unit again even when its results file exists")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from benchmarks/results only")
+    args = p.parse_args(argv)
+    UNITS.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        if not (WARM_START / "model.safetensors").exists():
+            sys.exit(
+                f"[learning_paths] no warm start in {WARM_START}: make it first (its README line in docs/measured.md)"
+            )
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for path in args.paths:
+            for seed in args.seeds:
+                unit_file = UNITS / f"{path}-s{seed}.json"
+                if unit_file.exists() and not args.rerun:
+                    _log(f"{path} seed {seed}: kept from {unit_file}")
+                    continue
+                unit = run_unit(path, seed, out)
+                tmp = unit_file.with_suffix(".tmp")
+                tmp.write_text(json.dumps(unit, indent=1) + "\n")
+                tmp.replace(unit_file)
+                s = summary(unit)
+                _log(
+                    f"{path} seed {seed}: agreement {s['agreement_first3']:.2f} -> {s['agreement_last3']:.2f}, "
+                    f"malformed last 3 {s['malformed_last3']:.3f}, {s['s_per_iteration']:.1f} s/iteration"
+                )
+    units = [json.loads(f.read_text()) for f in sorted(UNITS.glob("*.json"))]
+    units.sort(key=lambda u: (list(PATHS).index(u["path"]), u["seed"]))
+    if not units:
+        sys.exit("[learning_paths] no results yet")
+    figure(units, RESULTS / "learning_paths.png")
+    (RESULTS / "learning_paths.md").write_text(report(units))
+    keys = ("path", "seed", "agreement_gain", "malformed_last3", "s_per_iteration", "meets_floor")
+    (RESULTS / "learning_paths.json").write_text(
+        json.dumps([{k: summary(u)[k] for k in keys} for u in units], indent=1) + "\n"
+    )
+    _log(f"report: {RESULTS / 'learning_paths.md'} ({len(units)} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
