@@ -201,6 +201,16 @@ def count_skipped_updates(k: int, status: dict[str, dict], in_a_row: dict[str, i
             )
 
 
+@contextmanager
+def startup_stage(what: str, quiet: bool = False):
+    """One console line per start-up stage, with its seconds, as it ends (a job file shows where the first minute
+    went: Ray, each role's processes, model loading, the first weight sync)."""
+    start = time.perf_counter()
+    yield
+    if not quiet:
+        print(f"[start-up] {what}: {time.perf_counter() - start:.1f}s", flush=True)
+
+
 def warn_uninformative(
     k: int, spreads: dict[str, GroupSpread], in_a_row: dict[str, int], warned: set[str], limit: int
 ) -> None:
@@ -414,14 +424,17 @@ class IBRLTrainer:
         cfg = self.cfg
         if cfg.ray.address:  # a cluster that does not answer: one line after --ray.connect_timeout, not Ray's retries
             wait_for_cluster(cfg.ray.address, cfg.ray.connect_timeout)
-        init_ray(cfg, device)
+        with startup_stage(f"Ray ({cfg.ray.address or 'a local cluster'})"):
+            init_ray(cfg, device)
         self.stacks = {}
         groups = placement_groups(cfg)  # --train.colocate role|all: the GPUs a role's processes share
         for r in cfg.roles:
             if not r.frozen:  # --rollout.share_engines: the first role's engines serve every LoRA role's adapters
                 shared = next(iter(self.stacks.values())).engines if shares_engines(cfg, r) else None
-                self.stacks[r.name] = RoleStack.start(cfg, r, device, engines=shared, shared_pg=groups.get(r.name))
-        self.frozen = {r.name: self._frozen_policies(r, device) for r in cfg.roles if r.frozen}
+                with startup_stage(f"{r.name}: engines and DeepSpeed rank processes placed"):
+                    self.stacks[r.name] = RoleStack.start(cfg, r, device, engines=shared, shared_pg=groups.get(r.name))
+        with startup_stage("frozen counterparts", quiet=not any(r.frozen for r in cfg.roles)):
+            self.frozen = {r.name: self._frozen_policies(r, device) for r in cfg.roles if r.frozen}
         self.topology = topology(  # what actually runs: ranks, ZeRO stage, engines, reference, weight sync, nodes
             cfg,
             self.stacks,
@@ -437,7 +450,8 @@ class IBRLTrainer:
         if commit is not None:
             actors = [Path(s.args.ckpt.path) / "_actor" for s in self.stacks.values()]
             pin_deepspeed_latest(self.run_dir, actors, commit.iteration)
-        ray.get([ref for s in self.stacks.values() for ref in s.init_models(cfg.train.iterations)])
+        with startup_stage("models loaded: every role's DeepSpeed ranks and reference"):
+            ray.get([ref for s in self.stacks.values() for ref in s.init_models(cfg.train.iterations)])
         # every phase change from here on: RUN/phases.jsonl (marti_ibrl/colocate.py)
         effect = CPU_EFFECT if colocated(cfg) and device != "cuda" else None
         together = updates_together(cfg, device_memory_gib(self.stacks) if device == "cuda" else None)
@@ -445,7 +459,8 @@ class IBRLTrainer:
         self.hybrid.record_start()
         # engines start from the actor's weights (as loaded, in its dtype), exactly as after any update
         updates = commit.updates if commit is not None else {}
-        self.hybrid.sync(0, list(self.stacks), lambda r: self.stacks[r].sync_engines_async(updates.get(r, 0)))
+        with startup_stage("engines synced to the actors' weights"):
+            self.hybrid.sync(0, list(self.stacks), lambda r: self.stacks[r].sync_engines_async(updates.get(r, 0)))
 
     def _start_rollout(self) -> None:
         """R_i per role (rule, LLM judge or a user function) and the dialogue runner."""

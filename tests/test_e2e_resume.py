@@ -251,6 +251,15 @@ def test_train_ends_saying_where_the_run_is_its_report_and_what_to_run_next(runs
     assert lines[2].startswith("[train] first 2 -> last 2 iterations: agreement ")
     assert lines[3] == f"[train] what they said: marti-ibrl show {run} (--malformed: where malformed turns came from)"
     assert lines[4].startswith(f"[train] evaluate it: marti-ibrl eval --run {run} --policy agent1={run}/agent1/hf ")
+    # and it started with one line per stage, each with its seconds
+    stages = [line.split(": ")[0] for line in runs.straight_log.splitlines() if line.startswith("[start-up] ")]
+    assert stages == [
+        "[start-up] Ray (a local cluster)",
+        "[start-up] agent1",
+        "[start-up] agent2",
+        "[start-up] models loaded",
+        "[start-up] engines synced to the actors' weights",
+    ]
 
 
 def test_resumed_pools_match(runs):
