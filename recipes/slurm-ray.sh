@@ -23,6 +23,24 @@
 #                                                comes first, so --nodes/--gpus-per-node/--gpu-memory given here win.
 #   bash RECIPE.sh --print-flags [flags]         TRAIN_FLAGS, one per line (tests/test_plan.py parses them).
 #
+# Site settings: partition, account, QoS, constraint, time limit are sbatch options, which override the recipe's
+# #SBATCH lines: `sbatch -p gpu -A myproject --qos normal -C a100 -t 2-00:00:00 RECIPE.sh`. Every srun inside the job
+# runs in that allocation: nothing more to set.
+#
+# Containers (off by default): every command the job runs on a node (`ray start` on each, the shared-file-system
+# check, the preflight plan, the wait for the cluster, `ray job submit`) runs in the image:
+#   IBRL_CONTAINER_IMAGE=IMAGE   pyxis/enroot: srun --container-image=IMAGE --container-mounts=MOUNTS
+#                                --container-workdir=IBRL_ROOT
+#   IBRL_APPTAINER_IMAGE=F.sif   Apptainer/Singularity: srun ... ${IBRL_APPTAINER:-apptainer} exec --nv --bind MOUNTS
+#                                F.sif COMMAND (IBRL_APPTAINER=singularity for Singularity)
+# MOUNTS: the repository and RUN_DIR's parent (same paths inside), then IBRL_CONTAINER_MOUNTS (SRC:DST,...: models,
+# data, caches). The image holds the environment (marti-ibrl installed, ray and python on PATH, or MARTI_IBRL/RAY/
+# PYTHON set to their paths inside it). IBRL_SRUN: the srun to call (default srun).
+#
+# Before Ray starts, the job checks that the repository and RUN_DIR are the same on every node (a file written
+# on the first node is read on each, in the container when one is set): the actors write checkpoint shards and read
+# pool snapshots there, so both must be on a file system every node mounts; else one line names the nodes.
+#
 # Environment (all optional): MARTI_IBRL (the marti-ibrl executable; default: on PATH, else .venv/bin),
 # RAY / PYTHON (default: beside MARTI_IBRL), RUN_DIR (default: runs/<job name>-<job id> in the repository),
 # GPU_MEMORY_GIB (per GPU, default 80), RAY_PORT (6379), RAY_DASHBOARD_PORT (8265), RAY_CLIENT_PORT (10001),
@@ -66,10 +84,48 @@ ibrl_sbatch_header() {
 }
 ibrl_sbatch_header
 
+# ibrl_srun [srun options] -- COMMAND...: srun, in the container when one is set (header: Containers).
+ibrl_srun() {
+    local opts=() mounts
+    while (($#)) && [[ $1 != -- ]]; do opts+=("$1") && shift; done
+    shift
+    mounts="$IBRL_ROOT:$IBRL_ROOT,$(dirname "$RUN_DIR"):$(dirname "$RUN_DIR")${IBRL_CONTAINER_MOUNTS:+,$IBRL_CONTAINER_MOUNTS}"
+    if [[ -n ${IBRL_CONTAINER_IMAGE:-} ]]; then
+        opts+=(--container-image="$IBRL_CONTAINER_IMAGE" --container-mounts="$mounts" --container-workdir="$IBRL_ROOT")
+    elif [[ -n ${IBRL_APPTAINER_IMAGE:-} ]]; then
+        set -- "${IBRL_APPTAINER:-apptainer}" exec --nv --bind "$mounts" "$IBRL_APPTAINER_IMAGE" "$@"
+    fi
+    "${IBRL_SRUN:-srun}" "${opts[@]}" "$@"
+}
+
+# ibrl_here COMMAND...: a command of the job script itself (the preflight plan, the wait for the cluster, `ray job
+# submit`): in the container on the first node when one is set, as one more step of the job; else (or outside a
+# job: --plan) right here.
+ibrl_here() {
+    if [[ -n ${IBRL_HEAD:-} && -n ${IBRL_CONTAINER_IMAGE:-}${IBRL_APPTAINER_IMAGE:-} ]]; then
+        ibrl_srun --overlap --nodes=1 --ntasks=1 -w "$IBRL_HEAD" -- "$@"
+    else
+        "$@"
+    fi
+}
+
+# ibrl_check_shared NODES: the repository and RUN_DIR are the same on every node of the job (a file written here is
+# read there); else one line naming the nodes that do not see them.
+ibrl_check_shared() {
+    local mark="$RUN_DIR/.ibrl-shared-${SLURM_JOB_ID:-0}" missing
+    mkdir -p "$RUN_DIR" && echo "$SLURM_JOB_ID" >"$mark"
+    missing=$(ibrl_srun --overlap --nodes="$1" --ntasks-per-node=1 -- bash -c \
+        '[[ -f $1/recipes/slurm-ray.sh && $(cat "$2" 2>/dev/null) == "$3" ]] || hostname' _ \
+        "$IBRL_ROOT" "$mark" "$SLURM_JOB_ID" | sort -u | paste -sd ' ')
+    rm -f "$mark"
+    [[ -z $missing ]] || ibrl_die "not visible on $missing: the repository ($IBRL_ROOT) or RUN_DIR ($RUN_DIR);" \
+        "both must be on a file system every node mounts (RUN_DIR=/shared/path sbatch ...)"
+}
+
 ibrl_plan() {  # ibrl_plan NODES GPUS_PER_NODE [plan options]: the allocation first, so flags in TRAIN_FLAGS win
     local nodes=$1 gpn=$2
     shift 2
-    "$MARTI_IBRL" plan --nodes "$nodes" --gpus-per-node "$gpn" --gpu-memory "$GPU_MEMORY_GIB" "${TRAIN_FLAGS[@]}" "$@"
+    ibrl_here "$MARTI_IBRL" plan --nodes "$nodes" --gpus-per-node "$gpn" --gpu-memory "$GPU_MEMORY_GIB" "${TRAIN_FLAGS[@]}" "$@"
 }
 
 # ibrl_ray_alive: every `ray start` of this job (IBRL_RAY_PIDS, one srun each) still runs; else an error naming it.
@@ -88,7 +144,7 @@ ibrl_ray_alive() {
 ibrl_wait_for_gpus() {
     local address=$1 want=$2 timeout=${RAY_WAIT_TIMEOUT:-600} out poller have start=$SECONDS
     out=$(mktemp)
-    "$PYTHON" - "$address" "$want" "$timeout" >"$out" 2>/dev/null <<'PY' &
+    ibrl_here "$PYTHON" - "$address" "$want" "$timeout" >"$out" 2>/dev/null <<'PY' &
 import sys, time, ray
 address, want, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 start, have = time.monotonic(), 0
@@ -165,12 +221,17 @@ ibrl_run() {
     local nodes=${SLURM_JOB_NUM_NODES:-$IBRL_NODES} gpn=${SLURM_GPUS_ON_NODE:-$IBRL_GPUS_PER_NODE}
     local port=${RAY_PORT:-6379} dashboard=${RAY_DASHBOARD_PORT:-8265} cpus=${SLURM_CPUS_PER_TASK:-$((gpn * 4))}
     local client=${RAY_CLIENT_PORT:-10001} agent=${RAY_AGENT_PORT:-52365} envagent=${RAY_RUNTIME_ENV_AGENT_PORT:-52366}
-    ibrl_log "preflight: marti-ibrl plan --strict for $nodes nodes x $gpn GPUs"
-    ibrl_plan "$nodes" "$gpn" --strict || ibrl_die "the job does not fit this allocation (plan above); nothing started"
-
     local hosts head head_ip
     mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-    head=${hosts[0]}
+    head=${hosts[0]} IBRL_HEAD=${hosts[0]}
+    if [[ -n ${IBRL_CONTAINER_IMAGE:-}${IBRL_APPTAINER_IMAGE:-} ]]; then
+        ibrl_log "container: ${IBRL_CONTAINER_IMAGE:-${IBRL_APPTAINER_IMAGE} (${IBRL_APPTAINER:-apptainer})}"
+    fi
+    ibrl_check_shared "$nodes"
+    ibrl_log "preflight: marti-ibrl plan --strict for $nodes nodes x $gpn GPUs"
+    ibrl_plan "$nodes" "$gpn" --strict ||
+        ibrl_die "the job does not fit this allocation (plan above); nothing started"
+
     head_ip=$(ibrl_node_ip "$head")
     ibrl_log "Ray head on $head ($head_ip:$port), workers on: ${hosts[*]:1}"
     # On a busy node the head's start-up outlasts three of Ray's deadlines. The dashboard (it serves `ray job
@@ -180,7 +241,7 @@ ibrl_run() {
     # with the dashboard at 54-63 s on 2 shared cores): a fixed port (--runtime-env-agent-port) skips that wait.
     RAY_DASHBOARD_STARTUP_TIMEOUT_S=${RAY_DASHBOARD_STARTUP_TIMEOUT_S:-180} \
         RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT=${RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT:-180} \
-        srun --nodes=1 --ntasks=1 --overlap -w "$head" \
+        ibrl_srun --nodes=1 --ntasks=1 --overlap -w "$head" -- \
         "$RAY" start --head --block --node-ip-address="$head_ip" --node-name="$head" --port="$port" \
         --dashboard-host="$head_ip" --dashboard-port="$dashboard" --ray-client-server-port="$client" \
         --dashboard-agent-listen-port="$agent" --runtime-env-agent-port="$envagent" \
@@ -196,7 +257,7 @@ ibrl_run() {
     done
     local host
     for host in "${hosts[@]:1}"; do
-        srun --nodes=1 --ntasks=1 --overlap -w "$host" \
+        ibrl_srun --nodes=1 --ntasks=1 --overlap -w "$host" -- \
             "$RAY" start --block --address="$head_ip:$port" --node-ip-address="$(ibrl_node_ip "$host")" \
             --node-name="$host" --dashboard-agent-listen-port="${RAY_WORKER_AGENT_PORT:-$agent}" \
             --num-cpus="$cpus" --num-gpus="$gpn" &
@@ -204,7 +265,6 @@ ibrl_run() {
     done
     ibrl_wait_for_gpus "$head_ip:$port" $((nodes * gpn))
 
-    mkdir -p "$RUN_DIR"
     ibrl_log "submitting: marti-ibrl train ${TRAIN_FLAGS[*]} --ray.address auto"
     local rc submit tries=0 said="$RUN_DIR/.ray-submit-${SLURM_JOB_ID}.log"
     # A head that is up may not have registered its job agent yet: Ray refuses the submission with "No available
@@ -212,7 +272,7 @@ ibrl_run() {
     # submission id is tried again, every 5 s for a minute. Any other failure is the training job's own exit.
     while :; do
         rc=0  # (in the background: bash runs the SIGTERM trap only between commands, or in `wait`)
-        "$RAY" job submit --address="http://$head_ip:$dashboard" \
+        ibrl_here "$RAY" job submit --address="http://$head_ip:$dashboard" \
             --submission-id="ibrl-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" -- \
             "$MARTI_IBRL" train "${TRAIN_FLAGS[@]}" --ray.address auto > >(tee "$said") 2>&1 &
         submit=$!

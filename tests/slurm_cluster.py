@@ -113,10 +113,11 @@ class LocalSlurm:
         )
         self.scratch, self.logs = scratch, {}
 
-    def submit(self, name: str, recipe: Path, *args: str, **env: str) -> str:
-        """``sbatch recipe args...`` with ``env`` added; the job's output goes to ``scratch/NAME-JOBID.out``."""
+    def submit(self, name: str, recipe: Path, *args: str, sbatch: tuple[str, ...] = (), **env: str) -> str:
+        """``sbatch [sbatch options] recipe args...`` with ``env`` added; the job's output goes to
+        ``scratch/NAME-JOBID.out``."""
         out = self.scratch / f"{name}-%j.out"
-        cmd = ["sbatch", "--parsable", f"--output={out}", str(recipe), *args]
+        cmd = ["sbatch", "--parsable", f"--output={out}", *sbatch, str(recipe), *args]
         done = subprocess.run(cmd, env={**self.env, **env}, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         job = done.stdout.strip().split(";")[0]

@@ -36,6 +36,7 @@ from test_e2e_ibrl import _weights
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "dond" / "tiny-cluster-cpu.sh"
 COLOCATED = ROOT / "recipes" / "dond" / "tiny-cluster-colocated-cpu.sh"  # the same with --train.colocate all
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"  # apptainer, and srun with pyxis: record, then run
 ITERATIONS = 4  # with seed 9: iteration 4 plays agent2 against a snapshot of agent1 (a pool engine serves it)
 
 pytestmark = [
@@ -76,13 +77,28 @@ def runs(tmp_path_factory, local_slurm):
     tmp = tmp_path_factory.mktemp("cluster")
     model = build_tiny_dond_model(tmp / "tiny", **SMALL_TINY_MODEL, **VLLM_TINY_HEADS)
     a, c, states = tmp / "a", tmp / "c", {}
+    (tmp / "image.sif").write_text("a stand-in image")
+    site = {  # a: site settings as sbatch options, in an Apptainer image; c: a pyxis/enroot image (stand-ins)
+        "a": dict(
+            sbatch=("-p", "debug", "-A", "ibrl-ci", "--qos", "normal"),
+            IBRL_APPTAINER_IMAGE=str(tmp / "image.sif"),
+            IBRL_APPTAINER=str(STAND_INS / "apptainer"),
+            IBRL_STANDIN_LOG=str(tmp / "a-calls.log"),
+        ),
+        "c": dict(
+            IBRL_CONTAINER_IMAGE="nvcr.io#nvidia/pytorch:25.01-py3",
+            IBRL_CONTAINER_MOUNTS=f"{tmp}:{tmp}",
+            IBRL_SRUN=str(STAND_INS / "srun"),
+            IBRL_STANDIN_LOG=str(tmp / "c-calls.log"),
+        ),
+    }
     for name, recipe, run_dir in (("a", RECIPE, a), ("c", COLOCATED, c)):
         if local_slurm is None:
             _train_locally(recipe, model, run_dir)
         else:
-            job = local_slurm.submit(name, recipe, *_flags(), DOND_MODEL=model, RUN_DIR=str(run_dir))
+            job = local_slurm.submit(name, recipe, *_flags(), DOND_MODEL=model, RUN_DIR=str(run_dir), **site[name])
             states[name] = local_slurm.final_state(job)
-    return SimpleNamespace(model=model, a=a, c=c, slurm=local_slurm, states=states)
+    return SimpleNamespace(model=model, a=a, c=c, slurm=local_slurm, states=states, tmp=tmp)
 
 
 def _state(run_dir: Path) -> dict:
@@ -266,6 +282,51 @@ def test_the_job_completes_on_both_ray_nodes(runs, name):
     assert sorted((n["name"], n["address"]) for n in topology["nodes"]) == [("n1", "127.0.0.2"), ("n2", N2_ADDRESS)]
     placed = {i for role in topology["trained"].values() for ids in role["placed_on"].values() for i in ids}
     assert placed == {n["node_id"] for n in topology["nodes"]}  # both roles' processes spread over both nodes
+
+
+def _calls(path: Path) -> list[tuple[str, str, list[str]]]:
+    """(node, program, arguments) of every call a stand-in recorded."""
+    out = []
+    for line in path.read_text().splitlines():
+        node, program, args = line.split(" ", 2)
+        out.append((node, program, args.rstrip("\t").split("\t")))
+    return out
+
+
+@needs_slurm
+def test_site_settings_and_an_apptainer_image(runs):
+    """Job a: `sbatch -p debug -A ibrl-ci --qos normal` and IBRL_APPTAINER_IMAGE: every command the job ran on a
+    node went through `apptainer exec --nv --bind REPO,RUN_PARENT IMAGE` (the stand-in ran it on the host)."""
+    job = runs.slurm.job(next(iter(re.findall(r"-(\d+)\.out$", str(runs.slurm.logs["a"])))))
+    assert (job["Partition"], job["Account"]) == ("debug", "ibrl-ci")
+    calls = _calls(runs.tmp / "a-calls.log")
+    mounts = f"{ROOT}:{ROOT},{runs.a.parent}:{runs.a.parent}"
+    assert {(p, tuple(args[:5])) for _, p, args in calls} == {
+        ("apptainer", ("exec", "--nv", "--bind", mounts, str(runs.tmp / "image.sif")))
+    }
+    commands = [args[5:] for _, _, args in calls]
+    ran = [Path(c[0]).name if c[0] != "bash" else "bash" for c in commands]
+    # the shared-file-system check on both nodes, the preflight plan, ray start on each node, the wait, the submit
+    assert ran.count("bash") == 2 and ran.count("marti-ibrl") == 1 and ran.count("python") == 1, ran
+    assert sorted(c[1] for c in commands if Path(c[0]).name == "ray") == ["job", "start", "start"], ran
+    assert [c[1] for c in commands if Path(c[0]).name == "marti-ibrl"] == ["plan"]
+    assert f"container: {runs.tmp / 'image.sif'} (" in runs.slurm.log("a")
+
+
+@needs_slurm
+def test_a_pyxis_image(runs):
+    """Job c: IBRL_CONTAINER_IMAGE: every srun of the job carried pyxis' options (the stand-in dropped them)."""
+    calls = _calls(runs.tmp / "c-calls.log")
+    mounts = f"{ROOT}:{ROOT},{runs.c.parent}:{runs.c.parent},{runs.tmp}:{runs.tmp}"
+    pyxis = ["--container-image=nvcr.io#nvidia/pytorch:25.01-py3", f"--container-mounts={mounts}"]
+    pyxis.append(f"--container-workdir={ROOT}")
+    commands = []
+    for _, _, args in calls:
+        at = args.index(pyxis[0])
+        assert args[at : at + 3] == pyxis, args
+        commands.append(Path(args[at + 3]).name)
+    # the shared-file-system check (one srun, a task per node), the plan, ray start on each node, the wait, the submit
+    assert sorted(commands) == ["bash", "marti-ibrl", "python", "ray", "ray", "ray"], calls
 
 
 def test_golden_trajectory(runs):

@@ -318,3 +318,30 @@ def test_plan_lora_roles(tmp_path, capsys):
     assert (
         "no reference model, no pool engines: 2 GPUs fewer than full weights with these flags (reference 1, pool" in out
     )
+
+
+def _check_shared(tmp_path: Path, srun_body: str) -> subprocess.CompletedProcess:
+    """recipes/slurm-ray.sh's check that every node sees the repository and RUN_DIR, with ``srun`` a stand-in."""
+    fake = tmp_path / "fake-srun"
+    fake.write_text(f"#!/usr/bin/env bash\n{srun_body}\n")
+    fake.chmod(0o755)
+    script = (
+        f"RECIPE={ROOT}/recipes/dond/tiny-cluster-cpu.sh; source {ROOT}/recipes/prologue.sh; "
+        f"source {ROOT}/recipes/slurm-ray.sh; ibrl_check_shared 2 && echo passed"
+    )
+    env = {**os.environ, "RUN_DIR": str(tmp_path / "run"), "SLURM_JOB_ID": "7", "IBRL_SRUN": str(fake)}
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+
+
+def test_a_run_directory_a_node_does_not_see_stops_the_job_in_one_line(tmp_path):
+    # every task runs on this machine: both "nodes" see the repository and the file written in RUN_DIR
+    seen = _check_shared(tmp_path, 'while [[ $1 != bash ]]; do shift; done; exec "$@"')
+    assert (seen.returncode, seen.stdout, seen.stderr) == (0, "passed\n", "")
+    # n2 mounts something else there: its task prints its name
+    lost = _check_shared(tmp_path, "echo n2")
+    assert (lost.returncode, lost.stdout) == (2, "")
+    assert lost.stderr == (
+        f"tiny-cluster-cpu: error: not visible on n2: the repository ({ROOT}) or RUN_DIR ({tmp_path / 'run'}); both "
+        "must be on a file system every node mounts (RUN_DIR=/shared/path sbatch ...)\n"
+    )
+    assert not list((tmp_path / "run").glob(".ibrl-shared-*"))  # the check leaves nothing behind
