@@ -806,6 +806,12 @@ class IBRLTrainer:
         self.pending_snapshots = []
 
     def fit(self) -> list[dict]:
+        """Run iterations ``start_iteration..train.iterations`` (Algorithm 1), committing every ``ckpt.save_steps``
+        and at the end, and return every iteration's metrics (``history``: one dict per iteration, the keys of the
+        iteration table and tensorboard, e.g. ``rollout/agreement``, ``ROLE/reward``; a resumed run's holds the
+        committed iterations too). Raises :class:`TrainingStopped` (non-finite values past their limits) or
+        ``NodeLostError`` (a Ray node lost), the last commit intact either way. Call :meth:`close` after it, also
+        when it raised, to stop the processes (docs/python-api.md)."""
         cfg = self.cfg
         k = self.start_iteration
         # a lost Ray node stops the run with NodeLostError, naming the node

@@ -144,3 +144,25 @@ def test_eval_against_endpoint_example_command(tmp_path, monkeypatch, capsys):
                  str(tmp_path / "o"), "-n", "2", "--", "--max-rounds", "2"])  # fmt: skip
     assert code == 2 and "nope" in capsys.readouterr().err
     sys.modules.pop("eval_against_endpoint", None)
+
+
+# -- examples/python_api.py: the documented Python API (docs/python-api.md) -------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_python_api_example_trains_and_reports(tmp_path):
+    import subprocess
+
+    root = EXAMPLES.parent
+    cmd = [sys.executable, str(EXAMPLES / "python_api.py"), "--model", str(root / "recipes" / "dond" / "tiny-sft")]
+    done = subprocess.run([*cmd, "--out", str(tmp_path / "run"), "--iterations", "2"], cwd=root, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "roles ['agent1', 'agent2'], lr [0.001, 0.001], seed 42" in lines
+    assert [line.split(":")[0] for line in lines if line.startswith("iteration ")] == ["iteration 1", "iteration 2"]
+    assert lines[-1].startswith("first 1 -> last 1 iterations: agreement ")
+    assert (tmp_path / "run" / "trainer_state.json").exists()
+    bad = subprocess.run([*cmd, "--out", str(tmp_path / "run"), "--iterations", "0"], cwd=root, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.startswith("python_api: --train.iterations")
