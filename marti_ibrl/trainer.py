@@ -629,6 +629,8 @@ class IBRLTrainer:
         )
         made = {r: len(scored[r]) for r in self.trained}
         metrics = self._metrics(k, trajectories, experiences, status, timer, configuration, schedule, made, splits)
+        for r in self.trained:  # of the samples made, the penalised re-sampled attempts (the rest: its dialogues)
+            metrics[f"{r}/samples_penalized"] = float(sum(1 for t, _ in scored[r] if t.outcome.info.get("attempt")))
         for r, spread in spreads.items():
             metrics[f"{r}/groups"], metrics[f"{r}/informative_groups"] = float(spread.groups), float(spread.informative)
         self.keep_transcripts(k, trajectories)

@@ -149,7 +149,8 @@ def test_broken_rewards_leave_the_groups_and_never_reach_the_weights(run):
     assert sum(failures) >= 2, failures  # the hash hits both bugs over 2 × 12 dialogues
     for m in history:
         assert m["agent1/reward_failed"] == m["agent1/reward/failures"] / m["rollout/dialogues"] <= 0.5
-        assert m["agent1/samples_made"] <= m["rollout/dialogues"] - m["agent1/reward/failures"]
+        dialogues = m["agent1/samples_made"] - m["agent1/samples_penalized"]  # (the rest: re-sampled attempts)
+        assert dialogues <= m["rollout/dialogues"] - m["agent1/reward/failures"]
         assert math.isfinite(m["agent1/reward"]) and math.isfinite(m["agent1/policy_loss"])
         assert (m["agent1/update/steps"], m["agent1/update/skipped"], m["agent1/updated"]) == (1.0, 0.0, 1.0)
     exports = [tmp / "run" / "agent1" / "hf", *(tmp / "run" / "agent1" / "ckpt").glob("global_step*_hf")]

@@ -78,7 +78,7 @@ def penalized_attempts(group: Sequence[Trajectory], role: str, penalty: float) -
                     seats=t.seats,
                     policies=dict(t.policies),
                     turns=[Turn(role, a.text, a.token_ids, a.logprobs, valid=False)],
-                    outcome=Outcome(agreed=False, malformed=True, info={"fault_role": role, "reason": a.reason}),
+                    outcome=Outcome(False, True, info={"fault_role": role, "reason": a.reason, "attempt": True}),
                     rewards={role: float(penalty)},
                     views={role: a.view(t.views[role].system_prompt)},
                     sample_index=t.sample_index,
