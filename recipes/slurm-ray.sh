@@ -229,8 +229,12 @@ ibrl_run() {
     fi
     ibrl_check_shared "$nodes"
     ibrl_log "preflight: marti-ibrl plan --strict for $nodes nodes x $gpn GPUs"
-    ibrl_plan "$nodes" "$gpn" --strict ||
-        ibrl_die "the job does not fit this allocation (plan above); nothing started"
+    if ! ibrl_plan "$nodes" "$gpn" --strict; then
+        ibrl_log "layouts of this job that fit the allocation (marti-ibrl plan --fit):"
+        ibrl_plan "$nodes" "$gpn" --fit || true
+        ibrl_die "the job does not fit this allocation (plan above; layouts that do, if any, with the flags to add" \
+            "after the recipe); nothing started"
+    fi
 
     head_ip=$(ibrl_node_ip "$head")
     ibrl_log "Ray head on $head ($head_ip:$port), workers on: ${hosts[*]:1}"

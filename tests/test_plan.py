@@ -345,3 +345,48 @@ def test_a_run_directory_a_node_does_not_see_stops_the_job_in_one_line(tmp_path)
         "must be on a file system every node mounts (RUN_DIR=/shared/path sbatch ...)\n"
     )
     assert not list((tmp_path / "run").glob(".ibrl-shared-*"))  # the check leaves nothing behind
+
+
+# -- plan --fit (marti_ibrl/layouts.py) ---------------------------------------------------------------------------
+
+ALLOCATIONS = [(4, 8, 80.0), (2, 8, 80.0), (1, 8, 80.0), (1, 4, 80.0), (1, 8, 40.0)]  # 32, 16, 8, 4 GPUs; 8 x 40 GiB
+
+
+@pytest.mark.parametrize("recipe", RECIPES_32)
+def test_every_layout_plan_fit_proposes_passes_plan_strict(recipe, checkpoints, tmp_path, monkeypatch, capsys):
+    from marti_ibrl.layouts import propose, smallest_fit
+
+    monkeypatch.setenv("IBRL_TEST_JUDGE_KEY", "secret")
+    flags = recipe_flags(recipe, recipe_env(recipe, checkpoints, tmp_path))
+    cfg = load_config(flags)
+    fitted = 0
+    for nodes, gpn, mem in ALLOCATIONS:
+        alloc = ["--nodes", str(nodes), "--gpus-per-node", str(gpn), "--gpu-memory", str(mem)]
+        layouts = propose(cfg, nodes=nodes, gpus_per_node=gpn, gpu_memory_gib=mem)
+        if (nodes, gpn, mem) == (4, 8, 80.0):  # the recipe's own allocation: the recipe itself comes first
+            assert layouts and layouts[0].flags == [] and layouts[0].idle == 0
+        for layout in layouts:
+            assert layout.gpus + layout.idle == nodes * gpn and layout.peak_gib <= mem
+            assert cli_main(["plan", *flags, *layout.flags, *alloc, "--strict"]) == 0, (alloc, layout.flags)
+            assert capsys.readouterr().out.splitlines()[-1] == "fits"
+        fitted += bool(layouts)
+        assert cli_main(["plan", *flags, *alloc, "--fit"]) == (0 if layouts else 2)
+        out = capsys.readouterr()
+        if layouts:  # printed as proposed, each with the flags to add
+            assert out.out.startswith(f"layouts that fit {nodes} × {gpn} GPUs of {mem:g} GiB (best first):")
+            assert out.out.count("\n   add: ") == len(layouts)
+            continue
+        bigger = smallest_fit(cfg, nodes=nodes, gpus_per_node=gpn, gpu_memory_gib=mem)
+        assert bigger is not None, (recipe, alloc)  # every recipe fits somewhere near
+        change, layout = bigger
+        assert f"the smallest change that fits: {change}, with" in out.err
+        grown = dict(zip(alloc[::2], alloc[1::2])) | dict([change.split()])
+        assert cli_main(["plan", *flags, *layout.flags, *[x for kv in grown.items() for x in kv], "--strict"]) == 0
+        capsys.readouterr()
+    assert fitted >= 3  # 32, 16 and 8 GPUs of 80 GiB at least
+
+
+def test_the_plan_fit_table_in_the_docs_is_current():
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan_fit_table.py"), "--check"], capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr

@@ -31,6 +31,12 @@ def add_plan_parser(sub) -> None:
         help=f"model size when a checkpoint path does not exist here: {' | '.join(MODEL_TABLE)} | PATH/config.json",
     )
     plan.add_argument("--strict", action="store_true", help="checkpoints, data files and variables must exist")
+    plan.add_argument(
+        "--fit",
+        action="store_true",
+        help="propose the layouts that fit the allocation (colocation, ranks, engines, TP, ZeRO, micro-batch), best "
+        "first, each as the flags to add; when none does, the smallest allocation that would (marti_ibrl/layouts.py)",
+    )
     plan.set_defaults(func=main)
 
 
@@ -54,7 +60,36 @@ def main(args: argparse.Namespace) -> int:
         )
     except (ConfigError, PlanError) as e:
         return fail(str(e))
+    if args.fit:
+        return fit(p, args, config_file)
     print(format_plan(p))
     if p.problems:
-        return fail("does not fit: " + "; ".join(p.problems))
+        return fail("does not fit: " + "; ".join(p.problems) + " (--fit proposes layouts that fit)")
     return 0
+
+
+def fit(p, args: argparse.Namespace, config_file: str | None) -> int:
+    """``--fit``: the layouts of :func:`marti_ibrl.layouts.propose` for this allocation, or the smallest one that has
+    some; exit 2 when nothing fits."""
+    from marti_ibrl.layouts import format_layouts, propose, smallest_fit
+
+    alloc = dict(nodes=p.nodes, gpus_per_node=p.gpus_per_node, gpu_memory_gib=p.gpu_memory / 2**30)
+    kw = dict(model_config=args.model_config, config_file=config_file)
+    layouts = propose(p.cfg, **alloc, **kw)
+    if layouts:
+        print(format_layouts(layouts, **alloc))
+        return 0
+    bigger = smallest_fit(p.cfg, **alloc, **kw)
+    where = f"{p.nodes} × {p.gpus_per_node} GPUs of {alloc['gpu_memory_gib']:g} GiB"
+    if bigger is None:
+        print(f"marti-ibrl plan: error: no layout fits {where}, nor 4 times as many nodes or 80 GiB GPUs",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    change, layout = bigger
+    flags = " ".join(layout.flags) or "(the recipe as it is)"
+    print(
+        f"marti-ibrl plan: error: no layout fits {where}; the smallest change that fits: {change}, with"
+        + f"\n  {layout.summary}\n  add: {flags}",
+        file=sys.stderr,
+    )
+    return 2
