@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from units import commit, write_unit
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 UNITS = RESULTS / "demo_seeds"
@@ -40,12 +42,6 @@ PER_ROLE = ("reward", "malformed", "attempts_malformed")
 
 def _log(msg: str) -> None:
     print(f"[demo_seeds] {msg}", flush=True)
-
-
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
-    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def run_seed(seed: int, out: Path) -> dict:
@@ -67,7 +63,7 @@ def run_seed(seed: int, out: Path) -> dict:
     roles = roles_in_history(history)
     return {
         "seed": seed,
-        "commit": _commit(),
+        "commit": commit(),
         "command": " ".join(cmd),
         "ibrl_seconds": float(found.group(1)) if found else None,
         "wall_seconds": round(wall, 1),
@@ -194,9 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 _log(f"seed {seed}: kept from {unit_file} (--rerun to run it again)")
                 continue
             unit = run_seed(seed, out)
-            tmp = unit_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(unit, indent=1) + "\n")
-            tmp.replace(unit_file)
+            write_unit(unit_file, unit)
             s = summary(unit)
             _log(
                 f"seed {seed}: agreement {s['agreement_first3']:.2f} -> {s['agreement_last3']:.2f}, malformed last 3 "

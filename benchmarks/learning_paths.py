@@ -40,6 +40,8 @@ import sys
 import time
 from pathlib import Path
 
+from units import commit, write_unit
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 UNITS = RESULTS / "learning_paths"
@@ -68,12 +70,6 @@ PER_ROLE = ("reward", "malformed", "attempts_malformed")
 
 def _log(msg: str) -> None:
     print(f"[learning_paths] {msg}", flush=True)
-
-
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
-    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def command(path: str, seed: int, run: Path) -> list[str]:
@@ -106,7 +102,7 @@ def run_unit(path: str, seed: int, out: Path) -> dict:
     return {
         "path": path,
         "seed": seed,
-        "commit": _commit(),
+        "commit": commit(),
         "command": " ".join(cmd[1:]),
         "wall_seconds": round(wall, 1),
         "roles": roles,
@@ -219,9 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                     _log(f"{path} seed {seed}: kept from {unit_file}")
                     continue
                 unit = run_unit(path, seed, out)
-                tmp = unit_file.with_suffix(".tmp")
-                tmp.write_text(json.dumps(unit, indent=1) + "\n")
-                tmp.replace(unit_file)
+                write_unit(unit_file, unit)
                 s = summary(unit)
                 _log(
                     f"{path} seed {seed}: agreement {s['agreement_first3']:.2f} -> {s['agreement_last3']:.2f}, "
