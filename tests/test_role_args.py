@@ -225,3 +225,21 @@ def test_engines_need_no_openrlhf_namespace(model, monkeypatch) -> None:
     cfg = load_config(flags)
     assert stack.start_engines(cfg, cfg.roles[1], model, 0, "cpu", 1) == ["engine"]
     assert seen["gpu_memory_utilization"] == 0.3
+
+
+def test_lr_warmup_steps_become_the_schedulers_warmup_share(model: str) -> None:
+    """40 iterations, role2 at half frequency, 2 epochs: role1 takes 80 optimizer steps, role2 40; 4 warm-up steps
+    are 4/80 and 4/40 of them, and OpenRLHF's ``ceil(ratio × steps)`` gives back exactly 4 for each."""
+    import math
+
+    flags = ["--role1.pretrain", model, "--role2.pretrain", model, "--role2.update_every", "2"]
+    flags += ["--train.iterations", "40", "--train.max_epochs", "2"]
+    plain = [role_args(load_config(flags), r, "cpu").actor for r in load_config(flags).roles]
+    assert [(a.lr_scheduler, a.lr_warmup_ratio) for a in plain] == [("constant", 0.0)] * 2
+    cfg = load_config([*flags, "--role1.lr_warmup_steps", "4", "--role2.lr_warmup_steps", "4"])
+    warm = [role_args(cfg, r, "cpu").actor for r in cfg.roles]
+    assert [(a.lr_scheduler, a.lr_warmup_ratio) for a in warm] == [
+        ("constant_with_warmup", 0.05),
+        ("constant_with_warmup", 0.1),
+    ]
+    assert [math.ceil(a.lr_warmup_ratio * steps) for a, steps in zip(warm, (80, 40))] == [4, 4]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+from marti_ibrl.algorithm.schedule import num_updates
 from marti_ibrl.config import Config, RoleConfig
 from marti_ibrl.placement import colocated
 from marti_ibrl.procenv import share_one_gpu
@@ -49,6 +50,15 @@ def samples_per_iteration(cfg: Config) -> int:
     return cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
 
 
+def warmup_ratio(cfg: Config, role: RoleConfig) -> float:
+    """``roleN.lr_warmup_steps`` as the share of the role's optimizer steps OpenRLHF's scheduler takes
+    (``ceil(ratio × steps)`` warm-up steps; the steps as :meth:`RoleStack.init_models` counts them)."""
+    if not role.lr_warmup_steps:
+        return 0.0
+    steps = max(1, num_updates(cfg.train.iterations, role.update_every) * cfg.train.max_epochs)
+    return min(1.0, role.lr_warmup_steps / steps)
+
+
 def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     """The role's OpenRLHF args: OpenRLHF's own defaults (its parser), then our per-role values."""
     from openrlhf.cli.train_ppo_ray import get_parser
@@ -64,8 +74,8 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     a.actor.num_nodes = a.ref.num_nodes = role.num_nodes
     a.actor.num_gpus_per_node = a.ref.num_gpus_per_node = role.num_gpus_per_node
     a.actor.adam.lr = role.lr
-    a.actor.lr_scheduler = "constant"
-    a.actor.lr_warmup_ratio = 0.0
+    a.actor.lr_scheduler = "constant_with_warmup" if role.lr_warmup_steps else "constant"
+    a.actor.lr_warmup_ratio = warmup_ratio(cfg, role)  # OpenRLHF sizes warm-up as a share of the scheduler's steps
     a.actor.eps_clip = role.eps_clip
     a.actor.entropy_coef = role.entropy_coef if role.entropy_coef > 0 else None
     a.actor.gradient_checkpointing_enable = cfg.ds.gradient_checkpointing

@@ -35,6 +35,10 @@ class RoleConfig:
     """Adam learning rate α_i (Alg. 1, lines 8/11). Paper: 1e-6 sales, 1e-7 user."""
     update_every: int = 1
     """Staggered updates (§4.2): the role updates on iterations k with k % update_every == 0."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps over which the role's learning rate rises linearly from 0 to ``lr`` (then constant); 0: ``lr``
+    from the first step. Adam's first steps move every parameter by about ``lr``, which a tiny model's format may
+    not survive."""
     reward_fn: str | None = None
     """``rule`` (the env's rule reward), ``judge`` (the env's LLM judge for this role, ``judge.*``; TeleSales) or
     ``module:function`` with signature ``fn(trajectory, role, scenario) -> float``. Default: ``judge`` for

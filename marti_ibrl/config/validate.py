@@ -227,6 +227,7 @@ def _validate_trained_role(cfg: Config, role: RoleConfig, p: str, exists: Existe
             "(use --rollout.engine hf, or a model with fewer, wider heads)",
         )
     _need(role.lr > 0, f"{p}.lr", "must be > 0")
+    _need(role.lr_warmup_steps >= 0, f"{p}.lr_warmup_steps", "must be >= 0")
     _need(role.update_every >= 1, f"{p}.update_every", "must be >= 1")
     _need(role.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
     _need(not role.colocate_ref or role.kl_coef > 0, f"{p}.colocate_ref", "no reference model to colocate (kl_coef 0)")
