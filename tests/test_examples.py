@@ -165,4 +165,4 @@ def test_the_python_api_example_trains_and_reports(tmp_path):
     assert (tmp_path / "run" / "trainer_state.json").exists()
     bad = subprocess.run([*cmd, "--out", str(tmp_path / "run"), "--iterations", "0"], cwd=root, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
-    assert bad.returncode == 2 and bad.stderr.startswith("python_api: --train.iterations")
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1].startswith("python_api: --train.iterations")
