@@ -32,8 +32,8 @@ LAYERS = [
     # evaluation, then training
     ["marti_ibrl.eval"],
     ["marti_ibrl.trainer"],
-    # the cluster: OpenRLHF stacks, colocated layouts, the device plan
-    ["marti_ibrl.colocate", "marti_ibrl.backend", "marti_ibrl.topology", "marti_ibrl.plan"],
+    # the cluster: OpenRLHF stacks, colocated layouts, the device plan and the layouts that fit (plan --fit)
+    ["marti_ibrl.colocate", "marti_ibrl.backend", "marti_ibrl.topology", "marti_ibrl.plan", "marti_ibrl.layouts"],
     ["marti_ibrl.placement", "marti_ibrl.commit", "marti_ibrl.phases", "marti_ibrl.sft"],
     # a run's configuration, read and checked against everything below
     ["marti_ibrl.config", "marti_ibrl.device"],
