@@ -300,7 +300,8 @@ def test_phase_that_does_not_fit_is_one_problem(checkpoints, tmp_path, monkeypat
     assert err == [
         "marti-ibrl plan: error: does not fit: generation on the shared GPUs needs 83.9 GiB per GPU > 80.0 GiB "
         "(agent1 engines 44.0 + agent1 actor (resident) 4.0 + agent2 engines 32.0 + agent2 actor (resident) 4.0); "
-        "lower --roleN.gpu_memory_utilization, or --ds.zero_stage 3 to split the weights that stay"
+        "lower --roleN.gpu_memory_utilization, or --ds.zero_stage 3 to split the weights that stay "
+        "(--fit proposes layouts that fit)"
     ]
 
 
