@@ -98,13 +98,22 @@ def summary(unit: dict) -> dict:
         },
     }
     s["gain"] = s["agreement_last3"] - s["agreement_first3"]
-    s["meets_floor"] = (
-        s["gain"] >= FLOOR["gain"]
-        and s["malformed_last3"] <= FLOOR["malformed_last3"]
-        and s["malformed_max"] <= FLOOR["malformed_any"]
-        and (s["ibrl_minutes"] or 0.0) <= FLOOR["ibrl_minutes"]
-    )
+    s["missed"] = [
+        name
+        for name, ok in (
+            ("gain", s["gain"] >= FLOOR["gain"]),
+            ("malformed last 3", s["malformed_last3"] <= FLOOR["malformed_last3"]),
+            ("worst malformed", s["malformed_max"] <= FLOOR["malformed_any"]),
+            ("time", (s["ibrl_minutes"] or 0.0) <= FLOOR["ibrl_minutes"]),
+        )
+        if not ok
+    ]
+    s["meets_floor"] = not s["missed"]
     return s
+
+
+def _count(rows: list[dict], criterion: str) -> int:
+    return sum(criterion not in s["missed"] for s in rows)
 
 
 def figure(units: list[dict], path: Path) -> None:
@@ -145,7 +154,7 @@ def report(units: list[dict]) -> str:
             f"| {s['seed']} | {s['agreement_first3']:.2f} → {s['agreement_last3']:.2f} | {s['gain']:+.2f} | "
             f"{s['malformed_last3']:.3f} | {s['malformed_max']:.3f} ({s['malformed_max_at']}) | "
             + " | ".join(f"{s['attempts_malformed_last3'][r]:.3f}" for r in roles)
-            + f" | {s['ibrl_minutes']:.1f} | {'met' if s['meets_floor'] else 'NOT met'} |"
+            + f" | {s['ibrl_minutes']:.1f} | {'met' if s['meets_floor'] else 'NOT met: ' + ', '.join(s['missed'])} |"
         )
     met = sum(s["meets_floor"] for s in rows)
     commits = sorted({u["commit"] for u in units})
@@ -165,7 +174,9 @@ def report(units: list[dict]) -> str:
             "",
             *lines,
             "",
-            f"**{met} of {len(rows)} seeds meet the floor.**",
+            f"**{met} of {len(rows)} seeds meet the floor.** Per criterion: gain {_count(rows, 'gain')}, malformed "
+            f"last 3 {_count(rows, 'malformed last 3')}, worst malformed {_count(rows, 'worst malformed')}, time "
+            f"{_count(rows, 'time')} of {len(rows)}.",
             "",
             "![agreement and malformed per iteration, every seed](demo_seeds.png)",
             "",
