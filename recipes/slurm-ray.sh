@@ -73,7 +73,8 @@ ibrl_abspath() {
     if [[ "$1" = /* ]]; then echo "$1"; else echo "${SLURM_SUBMIT_DIR:-$PWD}/$1"; fi
 }
 
-# ibrl_sbatch_header: IBRL_NODES and IBRL_GPUS_PER_NODE from RECIPE's #SBATCH lines, the one place they are written.
+# ibrl_sbatch_header: IBRL_NODES and IBRL_GPUS_PER_NODE from RECIPE's #SBATCH lines, the one place they are written
+# (read where they are needed: --plan, and a job whose Slurm variables do not say).
 ibrl_sbatch_header() {
     local sbatch='^#SBATCH[[:space:]]\{1,\}'
     IBRL_NODES=$(sed -n "s/${sbatch}--nodes[= ]\([0-9]\{1,\}\)[[:space:]]*\(#.*\)\{0,1\}$/\1/p" "$RECIPE" | head -n 1)
@@ -82,7 +83,6 @@ ibrl_sbatch_header() {
     [[ -n $IBRL_NODES ]] || ibrl_die "$RECIPE has no '#SBATCH --nodes=N' line (the recipe's allocation)"
     [[ -n $IBRL_GPUS_PER_NODE ]] || ibrl_die "$RECIPE has no '#SBATCH --gres=gpu:N' (or --gpus-per-node=N) line"
 }
-ibrl_sbatch_header
 
 # ibrl_srun [srun options] -- COMMAND...: srun, in the container when one is set (header: Containers).
 ibrl_srun() {
@@ -218,7 +218,11 @@ ibrl_run() {
         TRAIN_FLAGS+=(--ckpt.load_enable true)
     fi
     trap ibrl_on_sigterm TERM
-    local nodes=${SLURM_JOB_NUM_NODES:-$IBRL_NODES} gpn=${SLURM_GPUS_ON_NODE:-$IBRL_GPUS_PER_NODE}
+    local nodes=${SLURM_JOB_NUM_NODES:-} gpn=${SLURM_GPUS_ON_NODE:-}
+    if [[ -z $nodes || -z $gpn ]]; then  # (a job without GRES: the header says)
+        ibrl_sbatch_header
+        nodes=${nodes:-$IBRL_NODES} gpn=${gpn:-$IBRL_GPUS_PER_NODE}
+    fi
     local port=${RAY_PORT:-6379} dashboard=${RAY_DASHBOARD_PORT:-8265} cpus=${SLURM_CPUS_PER_TASK:-$((gpn * 4))}
     local client=${RAY_CLIENT_PORT:-10001} agent=${RAY_AGENT_PORT:-52365} envagent=${RAY_RUNTIME_ENV_AGENT_PORT:-52366}
     local hosts head head_ip
@@ -300,7 +304,7 @@ ibrl_main() {
     TRAIN_FLAGS+=("$@")
     case $mode in
     print) printf '%s\n' "${TRAIN_FLAGS[@]}" ;;
-    plan) ibrl_plan "$IBRL_NODES" "$IBRL_GPUS_PER_NODE" ;;
+    plan) ibrl_sbatch_header && ibrl_plan "$IBRL_NODES" "$IBRL_GPUS_PER_NODE" ;;
     run) ibrl_run ;;
     esac
 }

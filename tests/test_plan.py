@@ -390,3 +390,19 @@ def test_the_plan_fit_table_in_the_docs_is_current():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan_fit_table.py"), "--check"], capture_output=True,
                           text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_the_header_is_read_where_needed_not_when_the_launcher_is_sourced(tmp_path):
+    """A job script of its own may source recipes/slurm-ray.sh for its functions (tests/test_slurm_launcher.py's
+    sleeper: the SIGTERM trap) without an allocation header; --plan, which needs one, says what is missing."""
+    script = tmp_path / "own.sh"
+    script.write_text("#!/usr/bin/env bash\n#SBATCH --requeue\n")
+    src = (
+        f"IBRL_NAME=own IBRL_ROOT={tmp_path} RECIPE={script} RUN_DIR={tmp_path}/run; source {ROOT}/recipes/slurm-ray.sh"
+    )
+    sourced = subprocess.run(["bash", "-c", f"{src}; type ibrl_on_sigterm >/dev/null && echo ok"], capture_output=True,
+                             text=True)  # fmt: skip
+    assert (sourced.returncode, sourced.stdout) == (0, "ok\n"), sourced.stderr
+    header = subprocess.run(["bash", "-c", f"{src}; ibrl_sbatch_header"], capture_output=True, text=True)
+    assert header.returncode == 2
+    assert header.stderr == f"own: error: {script} has no '#SBATCH --nodes=N' line (the recipe's allocation)\n"
