@@ -49,8 +49,9 @@ class Layout:
     changed: int = field(default=0)
 
 
-def _role_flags(i: int, role, ranks: int, gpus_per_node: int) -> dict[str, object]:
-    nodes = max(1, ranks // gpus_per_node) if ranks > gpus_per_node else 1
+def _role_flags(i: int, ranks: int, gpus_per_node: int) -> dict[str, object]:
+    """Role i's actor ranks as num_nodes × num_gpus_per_node: on one node, or on whole nodes beyond one."""
+    nodes = max(1, ranks // gpus_per_node)
     per_node = ranks // nodes
     return {f"role{i}.num_nodes": nodes, f"role{i}.num_gpus_per_node": per_node}
 
@@ -85,8 +86,8 @@ def candidates(cfg: Config, nodes: int, gpus_per_node: int):
             continue
         base: dict[str, object] = {"train.colocate": mode, "ds.zero_stage": zero}
         base |= {"ds.gradient_checkpointing": ckpt, "train.micro_batch_size": mb}
-        for i, r in trained:
-            base |= _role_flags(i, r, ranks, gpus_per_node) | {f"role{i}.tensor_parallel_size": tp}
+        for i, _ in trained:
+            base |= _role_flags(i, ranks, gpus_per_node) | {f"role{i}.tensor_parallel_size": tp}
         if mode == "all":
             if ranks % tp or ranks > total - frozen_gpus:
                 continue
