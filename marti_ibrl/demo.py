@@ -66,11 +66,11 @@ SFT_RECORD = "demo_sft.json"
 
 def sft_settings(env_cfg: EnvConfig, model: str, sft_scenarios: int | None = None, engine: str = "auto") -> dict:
     """Everything a warm start depends on: the base model (the tiny one's architecture as built for ``engine``), the
-    environment's rendering of the SFT dialogues, the SFT hyperparameters (``DEMO_SFT`` for the tiny model,
+    environment's rendering of the SFT dialogues, the SFT hyperparameters (``demo_sft(engine)`` for the tiny model,
     ``SMOLLM2_SFT`` for a pretrained one)."""
-    from marti_ibrl.sft import DEMO_SFT, SMOLLM2_SFT, rendering, tiny_architecture
+    from marti_ibrl.sft import SMOLLM2_SFT, demo_sft, rendering, tiny_architecture
 
-    sft = dict(DEMO_SFT if model == TINY else SMOLLM2_SFT)
+    sft = demo_sft(engine) if model == TINY else dict(SMOLLM2_SFT)
     if sft_scenarios is not None:
         sft["n_scenarios"] = sft_scenarios
     env = {"name": env_cfg.name, **rendering(env_cfg)}

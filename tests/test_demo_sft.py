@@ -36,6 +36,12 @@ def test_the_record_names_the_architecture_built_for_the_engine() -> None:
     assert {k: v for k, v in vllm.items() if "heads" not in k} == {k: v for k, v in hf.items() if "heads" not in k}
 
 
+def test_the_vllm_capable_warm_start_trains_on_twice_the_dialogues_at_the_same_rate() -> None:
+    hf, vllm = sft_settings(_env(), "tiny")["sft"], sft_settings(_env(), "tiny", engine="vllm")["sft"]
+    assert vllm["n_scenarios"] == 2 * hf["n_scenarios"] == 12000
+    assert {k: v for k, v in vllm.items() if k != "n_scenarios"} == {k: v for k, v in hf.items() if k != "n_scenarios"}
+
+
 def test_a_warm_start_made_otherwise_is_refused_with_the_command_that_remakes_it(tmp_path) -> None:
     settings = sft_settings(_env(), "tiny")
     with pytest.raises(ConfigError, match=f"holds no {SFT_RECORD} \\(make one with: REMAKE\\)"):
