@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from units import commit, write_unit
+from units import LoadMeter, commit, write_unit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -90,7 +90,7 @@ def run_unit(path: str, seed: int, out: Path) -> dict:
     cmd = command(path, seed, run)
     _log(f"{path} seed {seed}: {' '.join(cmd)}")
     t0 = time.perf_counter()
-    with open(out / f"{path}-s{seed}.log", "w") as log:
+    with LoadMeter() as load, open(out / f"{path}-s{seed}.log", "w") as log:
         done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t0
     if done.returncode:
@@ -105,6 +105,7 @@ def run_unit(path: str, seed: int, out: Path) -> dict:
         "commit": commit(),
         "command": " ".join(cmd[1:]),
         "wall_seconds": round(wall, 1),
+        "load_average": load.mean,
         "roles": roles,
         "history": [
             {k: m[k] for k in ("iteration", "rollout/agreement", "rollout/malformed")}
@@ -130,6 +131,7 @@ def summary(unit: dict) -> dict:
         "agreement_last3": _mean(agree[-K:]),
         "malformed_last3": _mean(m["rollout/malformed"] for m in h[-K:]),
         "s_per_iteration": unit["wall_seconds"] / len(h),
+        "load_average": unit.get("load_average"),
         "reward_last3": {r: _mean(m[f"{r}/reward"] for m in h[-K:]) for r in unit["roles"]},
         "attempts_malformed_last3": {r: _mean(m[f"{r}/attempts_malformed"] for m in h[-K:]) for r in unit["roles"]},
     }
@@ -158,11 +160,15 @@ def figure(units: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _load(s: dict) -> str:
+    return f" ({s['load_average']:.1f})" if s["load_average"] is not None else ""
+
+
 def report(units: list[dict]) -> str:
     rows = [summary(u) for u in units]
     lines = [
         "| path | seed | agreement first 3 → last 3 | gain | malformed last 3 | reward last 3 | turns malformed, last 3 "
-        "| s/iteration | floor |",
+        "| s/iteration (mean load) | floor |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in rows:
@@ -170,7 +176,7 @@ def report(units: list[dict]) -> str:
         bad = ", ".join(f"{r} {x:.3f}" for r, x in s["attempts_malformed_last3"].items())
         lines.append(
             f"| {s['path']} | {s['seed']} | {s['agreement_first3']:.2f} → {s['agreement_last3']:.2f} | "
-            f"{s['agreement_gain']:+.2f} | {s['malformed_last3']:.3f} | {rew} | {bad} | {s['s_per_iteration']:.1f} | "
+            f"{s['agreement_gain']:+.2f} | {s['malformed_last3']:.3f} | {rew} | {bad} | {s['s_per_iteration']:.1f}{_load(s)} | "
             f"{'met' if s['meets_floor'] else 'NOT met'} |"
         )
     return "\n".join(

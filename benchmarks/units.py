@@ -21,3 +21,43 @@ def write_unit(path: Path, unit: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(unit, indent=1) + "\n")
     tmp.replace(path)
+
+
+class LoadMeter:
+    """The machine's 1-minute load average while a unit runs, sampled every ``every`` seconds in a daemon thread.
+
+    A unit's seconds are a time only when nothing else ran beside it; ``mean`` (with ``os.cpu_count()``) says how
+    busy the machine was, so a report can tell a time from a run measured beside another (``busy``).
+    """
+
+    def __init__(self, every: float = 10.0) -> None:
+        import threading
+
+        self.every, self.samples = every, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import os
+
+        while not self._stop.wait(self.every):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> LoadMeter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return round(sum(self.samples) / len(self.samples), 2) if self.samples else None
+
+
+def busy(unit: dict, own_load: float) -> bool:
+    """Whether a unit ran beside other work: its mean load average above ``own_load`` (what the unit's own processes
+    keep busy, measured alone) plus one core. Units without a record are taken as alone."""
+    load = unit.get("load_average")
+    return load is not None and load > own_load + 1.0
