@@ -135,19 +135,21 @@ def test_play_offers_the_envs_whose_spec_has_a_play_hook(monkeypatch: pytest.Mon
     assert built == [("seat of bot:greedy", "greedy")]
 
 
-def test_diagnose_refuses_envs_without_interchangeable_roles(tmp_path: Path) -> None:
+def test_diagnose_takes_any_two_role_env_with_two_checkpoints_or_says_how_to_save_them(tmp_path: Path) -> None:
     from marti_ibrl.config import to_yaml
     from marti_ibrl.eval.diagnose import diagnosable, diagnose
 
     assert diagnosable("dond", ["agent1", "agent2"]) is registry.get("dond")
-    for name, roles in (("telesales", ["sales", "customer"]), ("dond3", ["agent1", "agent2", "agent3"])):
-        with pytest.raises(ValueError, match=rf"two-role environment with interchangeable roles \(dond\), not {name}"):
-            diagnosable(name, roles)
+    assert diagnosable("telesales", ["sales", "customer"]) is registry.get("telesales")  # roles not interchangeable
+    with pytest.raises(ValueError, match=r"against the other one: dond3 has 3 roles"):
+        diagnosable("dond3", ["agent1", "agent2", "agent3"])
     ckpt = str(fake_checkpoint(tmp_path / "ckpt"))
     cfg = load_config(["--env.name", "telesales", "--role1.pretrain", ckpt, "--role2.pretrain",
                        ckpt, "--role1.reward_fn", "rule", "--role2.reward_fn", "rule"])  # fmt: skip
     (tmp_path / "config.yaml").write_text(to_yaml(cfg))
-    with pytest.raises(ValueError, match="not telesales"):
+    fake_checkpoint(tmp_path / "sales" / "ckpt" / "global_step4_hf")  # one checkpoint: the demo's case
+    with pytest.raises(FileNotFoundError, match=r"1 global_stepK_hf checkpoint\(s\), diagnose compares 2 or more: "
+                       r"train with --ckpt.save_steps K"):  # fmt: skip
         diagnose(tmp_path, "sales", 2, None, 0, None, engines=None)
 
 

@@ -76,7 +76,7 @@ def test_eval_cli_end_to_end(tmp_path, monkeypatch, capsys):
 
     from marti_ibrl.backend.stack import FrozenEngines
     from marti_ibrl.envs.dond import DondEnv, generate_scenarios
-    from marti_ibrl.eval.dond.evaluator import episode_id
+    from marti_ibrl.eval.evaluator import episode_id
     from marti_ibrl.tiny import build_tiny_dond_model
 
     model = build_tiny_dond_model(tmp_path / "tiny")
@@ -394,7 +394,7 @@ def test_a_run_that_cannot_supply_settings_is_one_line(tmp_path, capsys, case):
 
 def test_eval_dispatches_on_the_registry_spec_of_the_env(tmp_path, capsys, monkeypatch):
     """``--env`` (or ``--run``'s env) picks the registry spec whose ``evaluate`` hook runs the evaluation; an env
-    without one is one line naming those that have one."""
+    without one is evaluated by its rewards (marti_ibrl/eval/generic.py), unless it has commands of its own."""
     from marti_ibrl.commands.eval import evaluable_envs
     from marti_ibrl.envs import registry
     from marti_ibrl.envs.spec import EnvSpec
@@ -402,7 +402,8 @@ def test_eval_dispatches_on_the_registry_spec_of_the_env(tmp_path, capsys, monke
     assert evaluable_envs() == ["dond"]
     code = main(["eval", "--env", "dond3", "--policy", "p=x", "--self-play", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and err == "marti-ibrl eval: error: --env dond3; marti-ibrl eval evaluates dond", err
+    # three-party DoND has no evaluation of its own: the generic one takes it (and checks the policy like DoND's)
+    assert code == 2 and err == "marti-ibrl eval: error: --policy p=x: not a checkpoint directory", err
     code = main(["eval", "--env", "telesales", "--policy", "p=x", "--self-play", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.endswith("evaluates dond (telesales's own commands: marti-ibrl telesales --help)"), err

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from marti_ibrl.envs.dond import generate_scenarios
-from marti_ibrl.eval.dond.evaluator import episode_id
+from marti_ibrl.eval.evaluator import episode_id
 from marti_ibrl.eval.report import load_pairs, write_report, write_tables
 
 ROLES = ["agent1", "agent2"]

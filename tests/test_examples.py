@@ -113,7 +113,7 @@ def test_price_negotiation_trains_one_iteration(tmp_path, monkeypatch):
             # G = 4: openers alternate within a group, so each role opens (and surely acts) in two of its four calls
             *("--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "4", "--rollout.max_new_tokens", "8"),
             *("--rollout.max_len", "256", "--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2"),
-            *("--train.iterations", "1", "--ckpt.path", str(tmp_path / "run"), "--ckpt.save_hf", "false"),
+            *("--train.iterations", "1", "--ckpt.path", str(tmp_path / "run")),
         ]
     )
     history = IBRLTrainer(cfg).fit()
@@ -123,6 +123,24 @@ def test_price_negotiation_trains_one_iteration(tmp_path, monkeypatch):
     assert m["buyer/adv_abs_mean"] > 0 and m["seller/adv_abs_mean"] > 0
     assert m["buyer/groups"] == m["buyer/informative_groups"] == 1.0  # one scenario; text_hash tells texts apart
     assert (tmp_path / "run" / "buyer" / "ckpt").is_dir() and (tmp_path / "run" / "seller" / "ckpt").is_dir()
+
+    # ... and is evaluated with the project's command: each policy in the role it trained, against the other
+    from marti_ibrl.cli import main
+
+    run, out = tmp_path / "run", tmp_path / "eval"
+    argv = ["eval", "--run", str(run), "--policy", f"buyer={run}/buyer/hf", "--policy", f"seller={run}/seller/hf"]
+    assert main([*argv, "--cross-play", "-n", "3", "--engine", "hf", "--out", str(out)]) == 0
+    ray.shutdown()
+    import json
+
+    pairs = {(p["policy"], p["counterpart"]): p for p in json.loads((out / "summary.json").read_text())}
+    assert set(pairs) == {("buyer", "policy:seller"), ("seller", "policy:buyer")}
+    buyer = pairs["buyer", "policy:seller"]["summary"]["roles"]
+    assert list(buyer) == ["buyer"] and buyer["buyer"]["n"] == 3  # each of the 3 scenarios once, as the buyer
+    seller = pairs["seller", "policy:buyer"]["summary"]["roles"]["seller"]
+    # the seller's games are the buyer's seen from the other seat (mirrored, not played again): the same rewards
+    assert seller["reward"] == pytest.approx(buyer["buyer"]["counterpart_reward"])
+    assert "| buyer | buyer |" in (out / "tables.md").read_text()
     sys.modules.pop("price_negotiation", None)
 
 
@@ -166,3 +184,69 @@ def test_the_python_api_example_trains_and_reports(tmp_path):
     bad = subprocess.run([*cmd, "--out", str(tmp_path / "run"), "--iterations", "0"], cwd=root, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.splitlines()[-1].startswith("python_api: --train.iterations")
+
+
+# -- examples/split_coins.py: docs/environments.md's minimal game, trained, evaluated and diagnosed ------------------
+
+
+@pytest.mark.slow
+def test_split_coins_trains_then_is_evaluated_and_diagnosed(tmp_path, monkeypatch, capsys):
+    """What docs/environments.md promises a new game: ``train`` (2 iterations, a checkpoint after each), ``eval
+    --run`` (each policy in its role, against the other), ``diagnose`` (each checkpoint against the other role's
+    start and its same-step partner) and ``show`` (what they said), all with the project's commands."""
+    import json
+
+    import ray
+
+    from marti_ibrl.cli import main
+    from marti_ibrl.tiny import build_tiny_model
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    from split_coins import PROMPT
+
+    corpus = [PROMPT.format(pot=p, role=r) for p in range(4, 13) for r in ("proposer", "responder")]
+    corpus += [f"OFFER {k}" for k in range(13)] + ["ACCEPT", "REJECT"]
+    model = build_tiny_model(tmp_path / "tiny", corpus, vocab_size=300)
+    run = tmp_path / "run"
+    train = [
+        *("train", "--env.name", "split_coins:SplitCoins", "--role1.pretrain", model, "--role2.pretrain", model),
+        *("--role1.reward_fn", "test_examples:text_hash", "--role2.reward_fn", "test_examples:text_hash"),
+        *("--role1.kl_coef", "0", "--role2.kl_coef", "0", "--pool.probs", "[1.0,0,0]"),
+        *("--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "6"),
+        *("--rollout.max_len", "256", "--rollout.micro_batch_size", "4", "--train.micro_batch_size", "4"),
+        *("--train.iterations", "2", "--ckpt.save_steps", "1", "--ckpt.path", str(run)),
+    ]
+    monkeypatch.setenv("PYTHONPATH", f"{EXAMPLES}:{Path(__file__).parent}")  # as a user runs it (workers too)
+    assert main(train) == 0
+    ray.shutdown()
+    out = tmp_path / "eval"
+    evaluate = ["eval", "--run", str(run), "--policy", f"p={run}/proposer/hf", "--policy", f"r={run}/responder/hf"]
+    assert main([*evaluate, "--cross-play", "-n", "4", "--engine", "hf", "--out", str(out)]) == 0
+    ray.shutdown()
+    pairs = {(p["policy"], p["counterpart"]): p["summary"] for p in json.loads((out / "summary.json").read_text())}
+    assert set(pairs) == {("p", "policy:r"), ("r", "policy:p")}
+    proposer = pairs["p", "policy:r"]["roles"]
+    assert list(proposer) == ["proposer"] and proposer["proposer"]["n"] == 4
+    ends = proposer["proposer"]["reasons"]
+    assert sum(ends.values()) == 4 and set(ends) <= {"accepted", "rejected", "malformed"}, ends
+    responder = pairs["r", "policy:p"]["roles"]["responder"]
+    assert responder["reward"] == pytest.approx(proposer["proposer"]["counterpart_reward"])  # the same games
+    assert "| p | proposer |" in (out / "tables.md").read_text()
+
+    assert main(["diagnose", str(run), "--role", "proposer", "-n", "3"]) == 0
+    ray.shutdown()
+    points = json.loads((run / "diagnostics" / "proposer.json").read_text())["points"]
+    assert [p["checkpoint"] for p in points] == [1, 2] and all(p["n"] == 3 for p in points)
+    assert all(0.0 <= p["fixed"] <= 1.0 and 0.0 <= p["in_system"] <= 1.0 for p in points)
+    capsys.readouterr()
+    assert main(["show", str(run)]) == 0
+    assert "proposer" in capsys.readouterr().out
+    sys.modules.pop("split_coins", None)
+
+
+def test_environments_page_shows_the_minimal_game_as_it_is_and_short():
+    """docs/environments.md's example is examples/split_coins.py verbatim (the file the slow test trains), <= 60 lines."""
+    code = (EXAMPLES / "split_coins.py").read_text()
+    page = (EXAMPLES.parent / "docs" / "environments.md").read_text()
+    shown = page.split("## The smallest game", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert shown == code and len(code.splitlines()) <= 60

@@ -89,10 +89,16 @@ def evaluate(args) -> int:
         spec = registry.get(args.env)
     except (ValueError, ImportError, AttributeError, TypeError) as e:  # a module:Class that does not load, too
         return _error(f"--env {args.env}: {e}")
-    if spec.evaluate is None:
+    if spec.evaluate is None and spec.commands is not None:  # TeleSales: its simulator and rubric
         where = f"--run {args.run}: a {args.env} run" if args.run else f"--env {args.env}"
-        own = f" ({args.env}'s own commands: marti-ibrl {args.env} --help)" if spec.commands is not None else ""
-        return _error(f"{where}; marti-ibrl eval evaluates {', '.join(evaluable_envs())}{own}")
+        own = f"{args.env}'s own commands: marti-ibrl {args.env} --help"
+        return _error(f"{where}; marti-ibrl eval evaluates {', '.join(evaluable_envs())} ({own})")
+    if spec.evaluate is None:  # any other environment: its own rewards (marti_ibrl/eval/generic.py)
+        from marti_ibrl.eval.generic import evaluate as evaluate_any
+
+        return evaluate_any(args)
+    if args.policy_role:
+        return _error(f"--policy-role: {args.env}'s policies play every role (its roles are interchangeable)")
     return spec.evaluate(args)
 
 
@@ -132,13 +138,21 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
         help="the policy's training counterpart (for Δmismatch = J_in-system − J_held-out); repeat it for a "
         "policy trained against a pool of counterparts (J_in-system is then their mean)",
     )
+    p.add_argument(
+        "--policy-role",
+        action="append",
+        default=[],
+        metavar="POLICY=ROLE",
+        help="the role a policy plays, where its path does not name it (a run's ROLE/hf does) and the roles are not "
+        "interchangeable (environments without an evaluation of their own)",
+    )
     p.add_argument("--self-play", action="store_true", help="also play each policy against itself")
     p.add_argument("--cross-play", action="store_true", help="also play every policy against every other policy")
     p.add_argument(
         "--env",
         default=None,
-        help=f"the environment (default: --run's, else {evaluable_envs()[0]}); evaluated here: "
-        f"{', '.join(evaluable_envs())}",
+        help=f"the environment (default: --run's, else {evaluable_envs()[0]}); {', '.join(evaluable_envs())} with "
+        "its own metrics, any other (registered or module:Class) by its rewards (docs/evaluation.md)",
     )
     p.add_argument("--data", default=None, help="Lewis-format test file (default: generated scenarios)")
     p.add_argument("-n", "--num-scenarios", type=int_range(1, MAX_SCENARIOS), default=1000)

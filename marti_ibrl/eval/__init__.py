@@ -1,7 +1,7 @@
 """Evaluation after training (paper §5.2-5.4): the ``marti-ibrl eval``, ``diagnose`` and ``report`` commands.
 
 * ``marti-ibrl eval`` (:mod:`marti_ibrl.commands.eval`): the environment's evaluation hook (``EnvSpec.evaluate``) on its arguments;
-  DoND's is :mod:`.dond` (:class:`~.dond.evaluator.Evaluator`: frozen policies against counterparts, seat-averaged,
+  DoND's is :mod:`.dond` (:class:`~.evaluator.Evaluator`: frozen policies against counterparts, seat-averaged,
   streamed to JSONL; :mod:`.dond.metrics`: the metrics of Table 2). :mod:`.episodes`: names and episode files,
   :mod:`.engines`: the engines evaluation commands serve checkpoints with, :mod:`.run_config`: ``--run``.
 * :mod:`.diagnose` (``marti-ibrl diagnose``): checkpoint diagnostics of a run (Fig. 5, Fig. 6).

@@ -41,17 +41,13 @@ def run_config(run_dir: Path):
 
 
 def diagnosable(env_name: str, roles: list[str]):
-    """The run's :class:`~marti_ibrl.envs.registry.EnvSpec`; ``ValueError`` unless it is a two-role environment
-    whose roles are interchangeable (a checkpoint plays both seats against the same counterparts)."""
+    """The run's :class:`~marti_ibrl.envs.registry.EnvSpec`; ``ValueError`` unless it is a two-role environment (a
+    checkpoint plays its role, or both seats where the roles are interchangeable, against the other role's)."""
     from marti_ibrl.envs import registry
 
     spec = registry.get(env_name)
-    if not spec.interchangeable_roles or len(roles) != 2:
-        known = [s.name for s in registry.specs() if s.interchangeable_roles and len(s.roles) == 2]
-        raise ValueError(
-            f"diagnose supports runs of a two-role environment with interchangeable roles ({', '.join(known)}), "
-            f"not {env_name}"
-        )
+    if len(roles) != 2:
+        raise ValueError(f"diagnose compares a role against the other one: {env_name} has {len(roles)} roles {roles}")
     return spec
 
 
@@ -77,16 +73,16 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
         raise ValueError(f"--role {role}: the run's roles are {roles}")
     spec = diagnosable(cfg.env.name, roles)
 
-    from marti_ibrl.eval.dond.evaluator import Evaluator
-    from marti_ibrl.eval.dond.metrics import summarize_seat_averaged
     from marti_ibrl.eval.episodes import Named
+    from marti_ibrl.eval.evaluator import Evaluator
     from marti_ibrl.eval.figures import insystem_vs_fixed, load_embedder, similarity_heatmap, similarity_matrix
 
     other = roles[1 - roles.index(role)]
     checkpoints = role_checkpoints(run_dir, role)
-    if not checkpoints:
+    if len(checkpoints) < 2:
         raise FileNotFoundError(
-            f"{run_dir / role / 'ckpt'}: no global_stepK_hf checkpoints (train with --ckpt.save_steps)"
+            f"{run_dir / role / 'ckpt'}: {len(checkpoints)} global_stepK_hf checkpoint(s), diagnose compares 2 or more: "
+            "train with --ckpt.save_steps K (a checkpoint every K iterations; the demo saves only its last)"
         )
     other_cfg = cfg.roles[roles.index(other)]
     fixed_spec = fixed or f"checkpoint:{other_cfg.pretrain}"
@@ -97,20 +93,22 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
         "max_new_tokens": cfg.rollout.max_new_tokens,
     }
     ev = Evaluator(env, scenarios, sampling, cfg.rollout.max_len, cfg.env.max_resamples, engines)
+    seats = tuple(roles) if spec.interchangeable_roles else (role,)  # the roles a checkpoint of ``role`` plays
     out = run_dir / "diagnostics"
     points, utterances = [], {}
     for step, path in checkpoints:
         policy = Named(f"{role}-step{step}", f"checkpoint:{path}")
+        ev.policy_roles[policy.name] = seats
         vs_fixed = ev.run_pair(policy, Named("fixed", fixed_spec), out / "episodes" / f"{policy.name}__fixed.jsonl")
         utterances[f"step {step}"] = [
             t["text"] for e in vs_fixed for t in e["transcript"] if t["role"] == e["policy_role"] and t["text"]
         ]
-        point = {"checkpoint": step, "fixed": summarize_seat_averaged(vs_fixed)["averaged"]["agreement"], "n": 2 * n}
+        point = {"checkpoint": step, "fixed": agreement(vs_fixed), "n": len(seats) * n}
         partner = run_dir / other / "ckpt" / f"global_step{step}_hf"
         if (partner / "config.json").exists():
             named = Named("in-system", f"checkpoint:{partner}")
             vs_in = ev.run_pair(policy, named, out / "episodes" / f"{policy.name}__in-system.jsonl")
-            point["in_system"] = summarize_seat_averaged(vs_in)["averaged"]["agreement"]
+            point["in_system"] = agreement(vs_in)
             ev.release(named)
         else:
             point["in_system"] = None
@@ -135,3 +133,15 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
     )
     (out / f"{role}.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def agreement(episodes: list[dict]) -> float:
+    """The agreement rate of a checkpoint's episodes, seat-averaged: the mean of its rates in the episodes it opened
+    and in those it answered (DoND's Table 2 average, :func:`marti_ibrl.eval.dond.metrics.summarize_seat_averaged`;
+    a role that always opens, or never does, has one of the two)."""
+    rates = []
+    for opened in (True, False):
+        mine = [e for e in episodes if (e["seats"][0] == e["policy_role"]) == opened]
+        if mine:
+            rates.append(sum(bool(e["agreed"]) for e in mine) / len(mine))
+    return sum(rates) / len(rates) if rates else 0.0

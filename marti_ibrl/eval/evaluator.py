@@ -59,6 +59,7 @@ def episode_record(traj: Trajectory, policy: str, counterpart: str, policy_role:
         "failed": bool(traj.failed),
         "truncated": bool(traj.truncated),
         "reason": outcome.info.get("reason", ""),
+        "fault_role": outcome.info.get("fault_role"),
         "utilities": dict(outcome.utilities),
         "allocations": outcome.info.get("allocations", {}),
         "rewards": dict(traj.rewards),
@@ -105,6 +106,7 @@ class Evaluator:
         self.chunk = chunk
         self.flush_every = flush_every
         self._cache: dict[str, Policy] = {}
+        self.policy_roles: dict[str, Sequence[str]] = {}  # policy name -> the roles it plays (default: every role)
         self.endpoint_stats: dict[str, dict[str, int]] = {}  # counterpart name -> its client's counts (this run)
 
     def policy(self, named: Named) -> Policy:
@@ -129,10 +131,13 @@ class Evaluator:
         self._cache[named.spec] = policy
         return policy
 
-    def work(self, done: set[str], samples: int) -> Iterator[tuple[int, str, Any, str]]:
-        """(scenario index, uid, scenario, policy_role) still to play: every scenario in both seats."""
+    def work(
+        self, done: set[str], samples: int, roles: Sequence[str] | None = None
+    ) -> Iterator[tuple[int, str, Any, str]]:
+        """(scenario index, uid, scenario, policy_role) still to play: every scenario in each of ``roles`` (default:
+        every role)."""
         for si, (uid, scenario) in enumerate(self.scenarios):
-            for role in self.roles:
+            for role in roles or self.roles:
                 if any(episode_id(uid, role, g) not in done for g in range(samples)):
                     yield si, uid, scenario, role
 
@@ -154,7 +159,7 @@ class Evaluator:
         done = [{e["episode_id"] for e in episodes} for episodes in played]
         todo = []  # (pair index, scenario index, uid, scenario, policy_role)
         for k in range(len(counterparts)):
-            todo += [(k, *item) for item in self.work(done[k], samples)]
+            todo += [(k, *item) for item in self.work(done[k], samples, self.policy_roles.get(policy.name))]
         if not todo:  # all played: no engines to start
             return played
         p = self.policy(policy)
@@ -245,7 +250,11 @@ class Evaluator:
             self.engines.stop(list(policy.engines))
 
     def _seats(self, scenario_index: int, policy_role: str) -> list[str]:
-        """Seat order: agent1 opens on even scenarios, agent2 on odd ones (so each seat opens half the time)."""
+        """Seat order: the env's ``fixed_seats`` where it has one; else the first role opens on even scenarios, the
+        second on odd ones (so each seat opens half the time)."""
+        fixed = getattr(self.env, "fixed_seats", None)
+        if fixed:
+            return list(fixed)
         shift = scenario_index % len(self.roles)
         return self.roles[shift:] + self.roles[:shift]
 

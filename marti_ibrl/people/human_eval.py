@@ -1,7 +1,7 @@
 """``marti-ibrl eval --human-db FILE --out DIR``: the Deal-or-No-Deal games people played (``marti-ibrl play``) as
 an evaluation directory, with the automatic evaluation's tables and statistics.
 
-Each finished game becomes one episode record of :func:`marti_ibrl.eval.dond.evaluator.episode_record`'s layout, with the
+Each finished game becomes one episode record of :func:`marti_ibrl.eval.evaluator.episode_record`'s layout, with the
 person as the counterpart ``human`` and ``participant`` added, in ``DIR/episodes/POLICY__human.jsonl`` (pair kind
 ``held-out``). Then the evaluation's own code: ``tables.md`` / ``summary.json``
 (:func:`~marti_ibrl.eval.report.write_tables`: agreement / own utility / joint value, seat-averaged) and, with at

@@ -1,19 +1,28 @@
 """``marti-ibrl eval --env dond``: Deal-or-No-Deal's evaluation hook (:func:`evaluate`), around
-:class:`~marti_ibrl.eval.dond.evaluator.Evaluator`: the pairs to play, the checks made before any engine starts, the
+:class:`~marti_ibrl.eval.evaluator.Evaluator`: the pairs to play, the checks made before any engine starts, the
 protocol from ``--run``, the claim on ``--out``, then the episodes and ``tables.md``.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from marti_ibrl.eval.engines import LazyEngines, owned_ray
+from marti_ibrl.eval.pairs import (  # noqa: F401 (SETTINGS: re-exported for the tests)
+    SETTINGS,
+    check_models,
+    check_names,
+    claim_out,
+    merge_adapters,
+    pairs_for,
+    play,
+    policies_of,
+)
+from marti_ibrl.eval.run_config import apply_run_settings as apply_settings
+from marti_ibrl.eval.run_config import setting_defaults
 
 RUN_SETTINGS = {
     # eval flag's dest: the training config's key
@@ -33,117 +42,27 @@ defaults (:func:`run_setting_defaults`), the paper's protocol."""
 
 
 def run_setting_defaults() -> dict[str, Any]:
-    """:data:`RUN_SETTINGS`' values in the training schema (:class:`marti_ibrl.config.Config`): one source for the
-    defaults of ``train`` and ``eval``."""
-    from omegaconf import OmegaConf
-
-    from marti_ibrl.config import Config
-
-    schema = OmegaConf.structured(Config)
-    return {dest: OmegaConf.select(schema, key) for dest, key in RUN_SETTINGS.items()}
+    """:data:`RUN_SETTINGS`' values in the training schema: one source for the defaults of ``train`` and ``eval``."""
+    return setting_defaults(RUN_SETTINGS)
 
 
 def apply_run_settings(args) -> str | None:
     """Fill every :data:`RUN_SETTINGS` flag not given: from ``--run RUN``'s ``config.yaml`` (``ValueError`` unless
-    it is a DoND training run), else training's default. Returns the line saying where each came from (None
-    without ``--run``)."""
-    defaults = run_setting_defaults()
-    if getattr(args, "run", None) is None:
-        for dest, default in defaults.items():
-            if getattr(args, dest) is None:
-                setattr(args, dest, default)
-        return None
-    from omegaconf import OmegaConf
-
-    from marti_ibrl.eval.run_config import env_name, read_run_config
-
-    path, cfg = read_run_config(args.run)
-    wanted = args.env or "dond"  # (set by marti-ibrl eval; this module evaluates DoND)
-    env = env_name(cfg)
-    if env != wanted:
-        raise ValueError(f"--run {args.run}: a {env} run; marti-ibrl eval --env {wanted} evaluates {wanted}")
-    taken, overridden = [], []
-    for dest, key in RUN_SETTINGS.items():
-        try:
-            trained = OmegaConf.select(cfg, key, default=defaults[dest])
-        except Exception as e:  # e.g. env a list: select cannot walk it
-            raise ValueError(
-                f"--run {args.run}: {path}: {key} cannot be read ({' '.join(str(e).split())[:120]})"
-            ) from None
-        kind = type(defaults[dest])
-        if defaults[dest] is not None and not (
-            isinstance(trained, kind) or (kind is float and isinstance(trained, int) and not isinstance(trained, bool))
-        ):
-            raise ValueError(
-                f"--run {args.run}: {path} has {key}: {trained!r}, not of type {kind.__name__} (edited by hand?)"
-            )
-        flag = "--" + dest.replace("_", "-")
-        given = getattr(args, dest)
-        if given is None:
-            setattr(args, dest, trained)
-            taken.append(f"{flag} {trained}")
-        elif given != trained:
-            overridden.append(f"{flag} {given} (trained: {trained})")
-    line = f"[eval] from {path}: {', '.join(taken) or 'nothing'}"
-    return line + (f"; overridden by flags: {', '.join(overridden)}" if overridden else "")
+    it is a DoND training run), else training's default (:func:`marti_ibrl.eval.run_config.apply_run_settings`)."""
+    return apply_settings(args, RUN_SETTINGS, args.env or "dond")
 
 
 def plan(args) -> tuple[list, list[tuple]]:
     """The (policy, counterpart) pairs to play, with each pair's role in the tables; validates names."""
     if any(getattr(args, dest, None) is None for dest in RUN_SETTINGS):  # not yet filled (cmd_eval fills and prints)
         apply_run_settings(args)
-    from marti_ibrl.eval.episodes import SELF, Named, parse_named
-    from marti_ibrl.rollout.players import parse_player_spec
-
-    policies = []
-    for text in args.policy:
-        named = parse_named(text)
-        spec = named.spec if ":" in named.spec.split("/")[0] else f"checkpoint:{named.spec}"
-        parsed = parse_player_spec(spec)
-        if parsed["kind"] != "checkpoint" or not Path(parsed["path"]).is_dir():
-            raise ValueError(f"--policy {text}: not a checkpoint directory")
-        policies.append(Named(named.name, spec))
-    names = [p.name for p in policies]
-    if len(set(names)) != len(names):
-        raise ValueError(f"--policy: names must be unique, got {names}")
-    pairs = []
-    in_system: dict[str, list[str]] = {}
-    for text in args.in_system:
-        name, eq, spec = text.partition("=")
-        if not eq or name not in names:
-            raise ValueError(f"--in-system {text}: expected POLICY=SPEC with POLICY one of {names}")
-        _check_spec(spec)
-        in_system.setdefault(name, []).append(spec)
-    counterparts = [parse_named(t) for t in args.counterpart]
-    for c in counterparts:
-        _check_spec(c.spec)
-    for p in policies:
-        pairs += [(p, c, "in-system") for c in _in_system_counterparts(in_system.get(p.name, []))]
-        if args.self_play:
-            pairs.append((p, Named("self", SELF), "self-play"))
-        if args.cross_play:
-            pairs += [(p, Named(f"policy:{q.name}", q.spec), "cross-play") for q in policies if q.name != p.name]
-        pairs += [(p, c, "held-out") for c in counterparts]
-    if not pairs:
-        raise ValueError("nothing to play: give --counterpart, --in-system, --self-play or --cross-play")
+    policies = policies_of(args)
+    pairs = pairs_for(args, policies)
     if args.batch < 1 or args.num_engines < 1 or args.num_scenarios < 1:
         raise ValueError("--batch, --num-engines and -n must be >= 1")
     check_sampling(args)
-    # one file per pair, and a counterpart never shares a policy's name (the runner batches turns by name)
-    files = [episodes_file(p, c) for p, c, _ in pairs]
-    clash = [c.name for c in counterparts if c.name in names] + [f for f in dict.fromkeys(files) if files.count(f) > 1]
-    if clash:
-        raise ValueError(f"counterpart names must differ from each other and from the policies (NAME=SPEC): {clash}")
+    check_names(args, policies, pairs)
     return policies, pairs
-
-
-def check_models(pairs: list[tuple]) -> None:
-    """Every checkpoint of :func:`plan`'s pairs is a model (an engine would fail on it with a traceback, later)."""
-    for p, c, kind in pairs:
-        flag = {"in-system": "--in-system", "held-out": "--counterpart"}.get(kind, "--policy")
-        for named in (p, c):
-            if named.spec.startswith("checkpoint:"):
-                _check_model("--policy" if named is p else flag, named)
 
 
 def check_sampling(args) -> None:
@@ -158,49 +77,6 @@ def check_sampling(args) -> None:
         raise ValueError(f"--samples and --max-rounds must be >= 1, got {args.samples} and {args.max_rounds}")
     if args.max_resamples < 0:
         raise ValueError(f"--max-resamples must be >= 0, got {args.max_resamples}")
-
-
-def _check_model(flag: str, named) -> None:
-    """``checkpoint:PATH`` is an HF model directory or a peft adapter that loads (:mod:`marti_ibrl.checkpoints`)."""
-    from marti_ibrl.checkpoints import checkpoint_problem
-
-    why = checkpoint_problem(named.spec.removeprefix("checkpoint:"))
-    if why:
-        raise ValueError(
-            f"{flag} {named.name}: {why}; give a Hugging Face checkpoint directory such as runs/NAME/agent1/hf"
-        )
-
-
-def _in_system_counterparts(specs: list[str]) -> list:
-    """One training counterpart is ``in-system``; several (a pool) are ``in-system:BOT`` or ``in-system-K``."""
-    from marti_ibrl.eval.episodes import Named
-    from marti_ibrl.rollout.players import parse_player_spec
-
-    if len(specs) == 1:
-        return [Named("in-system", specs[0])]
-    out = []
-    for k, spec in enumerate(specs, 1):
-        parsed = parse_player_spec(spec)
-        name = f"in-system:{parsed['name']}" if parsed["kind"] in ("bot", "heldout") else f"in-system-{k}"
-        out.append(Named(name, spec))
-    return out
-
-
-def _check_spec(text: str) -> None:
-    """A counterpart spec's syntax, and a bot's name, checked before any engine starts."""
-    from marti_ibrl.rollout.players import make_player, parse_player_spec
-
-    spec = parse_player_spec(text)
-    if spec["kind"] in ("bot", "heldout"):
-        make_player(spec)
-    key = spec.get("api_key_env")
-    if spec["kind"] == "endpoint" and key and not os.environ.get(key):
-        raise ValueError(f"{text}: the API key variable {key} is not set (export {key}=... or drop '#{key}')")
-
-
-def episodes_file(policy, counterpart) -> str:
-    """The JSONL file of one (policy, counterpart) pair under OUT/episodes/."""
-    return f"{policy.name}__{counterpart.name.replace(':', '-')}.jsonl"
 
 
 def evaluate(args) -> int:
@@ -226,7 +102,7 @@ def evaluate(args) -> int:
     except ValueError as e:
         print(f"marti-ibrl eval: error: {e}", file=sys.stderr)
         return 2
-    from marti_ibrl.eval.dond.evaluator import Evaluator
+    from marti_ibrl.eval.evaluator import Evaluator
     from marti_ibrl.eval.report import write_tables
 
     try:
@@ -254,97 +130,6 @@ def evaluate(args) -> int:
     return 0
 
 
-SETTINGS = "eval_settings.json"
-"""``OUT/eval_settings.json``: what made the episodes under ``OUT/episodes/`` (:func:`claim_out`)."""
-
-
-EPISODE_SETTINGS = ("env", "data", "scenario_seed", "prompt_style", "bot_speech", "show_complement", "max_rounds",
-                    "max_resamples", "temperature", "top_p", "max_new_tokens", "max_len", "seed")  # fmt: skip
-"""The flags an episode depends on (not -n, --samples: more of them extend an evaluation; not --batch, --engine, ...:
-how it is played)."""
-RECORDED_BEFORE = {"max_resamples": 2}
-"""Settings a record written before their flag existed lacks, and the value its episodes were played with."""
-
-
-def claim_out(out: Path, args, pairs: list[tuple]) -> None:
-    """Resume the evaluation in ``out``, or start one there; ValueError when ``out`` holds another evaluation's
-    episodes: other :data:`EPISODE_SETTINGS`, or an episode file of a pair whose players are other checkpoints or
-    counterparts (new pairs may join). ``--overwrite`` deletes that evaluation's episodes first. ``out`` made before
-    :data:`SETTINGS` existed is taken as this evaluation's."""
-    settings = {k: getattr(args, k) for k in EPISODE_SETTINGS}
-    files = {episodes_file(p, c): [p.spec, c.spec] for p, c, _ in pairs}
-    record = out / SETTINGS
-    if record.is_file() and not args.overwrite:
-        try:
-            old = json.loads(record.read_text())
-            if not (isinstance(old["settings"], dict) and isinstance(old["files"], dict)):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(
-                f"{record} is not readable (edited by hand?): fix or delete it, or add --overwrite"
-            ) from None
-        changed = [
-            f"{k} {old['settings'].get(k, RECORDED_BEFORE.get(k))!r} -> {v!r}"
-            for k, v in settings.items()
-            if old["settings"].get(k, RECORDED_BEFORE.get(k)) != v
-        ]
-        changed += [f"{f}: {old['files'][f]} -> {v}" for f, v in files.items() if old["files"].get(f, v) != v]
-        if changed:
-            raise ValueError(
-                f"--out {out} holds another evaluation's episodes ({'; '.join(changed)}): resume it with its own "
-                "settings, give another --out, or add --overwrite to delete them and play afresh"
-            )
-        files = {**old["files"], **files}
-    elif args.overwrite:
-        shutil.rmtree(out / "episodes", ignore_errors=True)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a file on the way, no permission, ...
-        raise ValueError(f"--out {out}: cannot make the directory ({e.strerror})") from None
-    tmp = record.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"settings": settings, "files": files}, indent=1, sort_keys=True))
-    tmp.replace(record)
-
-
-def play(ev, pairs: list[tuple], episodes: Path, samples: int = 1) -> list[dict]:
-    """Play every (policy, counterpart, kind) of :func:`plan` into ``episodes/``; the ``pairs.json`` entries.
-
-    A policy's pairs are one stream of dialogues (:meth:`Evaluator.run_pairs`: its batches stay full from one
-    counterpart to the next). Cross-play B vs A is not played again once A vs B has been: it is A vs B's games
-    seen from B's seat (:meth:`Evaluator.mirror_pair`). A checkpoint's engines stop after the last stream that needs
-    them (one evaluation can hold dozens of checkpoints; only the ones still to play stay in memory).
-    """
-    from marti_ibrl.eval.episodes import Named
-
-    schedule = _schedule(pairs)
-    last_use = {named.spec: i for i, (policy, played, _) in enumerate(schedule) for named in (policy, *played)}
-    for i, (policy, played, mirrored) in enumerate(schedule):
-        ev.run_pairs(policy, [(c, episodes / episodes_file(policy, c)) for c in played], samples)
-        for spec in [spec for spec, last in last_use.items() if last == i]:
-            ev.release(Named(spec, spec))
-        for c, source in mirrored:
-            ev.mirror_pair(episodes / source, policy.name, c.name, episodes / episodes_file(policy, c))
-    return [
-        {"policy": p.name, "counterpart": c.name, "kind": kind, "file": episodes_file(p, c)} for p, c, kind in pairs
-    ]
-
-
-def _schedule(pairs: list[tuple]) -> list[tuple]:
-    """Per policy, in order: ``(policy, counterparts to play, [(cross-play counterpart, file of the pair to mirror)])``.
-
-    Cross-play counterparts are named ``policy:OTHER`` (:func:`plan`): B vs A mirrors the played A vs B.
-    """
-    crossed: dict[tuple[str, str], str] = {}  # (policy, other policy) of cross-play played -> its episodes file
-    out = []
-    for policy, group in itertools.groupby(pairs, key=lambda pair: pair[0]):
-        group = [(c, kind) for _, c, kind in group]
-        others = {c: c.name.removeprefix("policy:") for c, kind in group if kind == "cross-play"}
-        mirrored = {c: crossed[other, policy.name] for c, other in others.items() if (other, policy.name) in crossed}
-        crossed |= {(policy.name, other): episodes_file(policy, c) for c, other in others.items()}
-        out.append((policy, [c for c, _ in group if c not in mirrored], list(mirrored.items())))
-    return out
-
-
 def _env_and_scenarios(args):
     from marti_ibrl.envs.dond import DondEnv, generate_scenarios, load_lewis_file
 
@@ -362,25 +147,3 @@ def _env_and_scenarios(args):
     else:
         scenarios = generate_scenarios(args.num_scenarios, args.scenario_seed)
     return env, [(s.uid, s) for s in scenarios]
-
-
-def merge_adapters(pairs: list[tuple], cache_dir: Path) -> list[tuple]:
-    """``pairs`` with every ``checkpoint:ADAPTER`` (a LoRA role's ``ROLE/hf``, a pool snapshot) replaced by the merged
-    checkpoint :func:`marti_ibrl.lora.servable_checkpoint` writes once under ``cache_dir``; names (tables, episode
-    files) stay as given."""
-    from dataclasses import replace
-
-    from marti_ibrl.lora import is_adapter, servable_checkpoint
-
-    specs = {n.spec for p, c, _ in pairs for n in (p, c) if n.spec.startswith("checkpoint:")}
-    merged = {}
-    for spec in sorted(specs):
-        path = spec.removeprefix("checkpoint:")
-        if is_adapter(path):
-            print(f"[eval] {path} is a LoRA adapter: serving its base with it merged in ({cache_dir})", file=sys.stderr)
-            merged[spec] = "checkpoint:" + servable_checkpoint(path, cache_dir)
-
-    def swap(n):
-        return replace(n, spec=merged[n.spec]) if n.spec in merged else n
-
-    return [(swap(p), swap(c), kind) for p, c, kind in pairs]

@@ -1,6 +1,6 @@
 """DoND evaluation metrics of the paper's Table 2 (§5.2), computed from episode records; pure Python.
 
-An *episode record* is one JSONL line of an eval run (:func:`marti_ibrl.eval.dond.evaluator.episode_record`); these
+An *episode record* is one JSONL line of an eval run (:func:`marti_ibrl.eval.evaluator.episode_record`); these
 functions read::
 
     {"scenario_uid": str, "scenario": {"counts": [c0, c1, c2], "values": [[...], [...]]},

@@ -3,7 +3,7 @@
 Each frozen policy holds ``k`` independent conversations (three in the paper) with every evaluation profile.
 Success@n is the fraction of profiles with at least ``n`` of their ``k`` conversations ending in a WeChat-add, so
 Success@1 >= Success@2 >= Success@3 by construction. An *episode record* (one JSONL line, streamed and resumed like
-the DoND records of :mod:`marti_ibrl.eval.dond.evaluator`) needs::
+the DoND records of :mod:`marti_ibrl.eval.evaluator`) needs::
 
     {"profile_id": str, "sample_index": int, "success": bool, "failed": bool,
      "initial_state": {"willingness": float, "patience": float, ...},
