@@ -21,7 +21,7 @@ from pathlib import Path
 from marti_ibrl.backend.cluster import start_ray
 from marti_ibrl.backend.stack import FrozenEngines
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
-from marti_ibrl.eval.dond.evaluator import Evaluator
+from marti_ibrl.eval.evaluator import Evaluator
 from marti_ibrl.eval.episodes import Named
 
 

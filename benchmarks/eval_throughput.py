@@ -31,7 +31,7 @@ from pathlib import Path
 
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
 from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS
-from marti_ibrl.eval.dond.evaluator import Evaluator
+from marti_ibrl.eval.evaluator import Evaluator
 from marti_ibrl.eval.episodes import SELF, Named
 
 
