@@ -350,7 +350,7 @@ def usage(cfg: Config, c: Component, m: ModelSpec, gpu_memory: int) -> Usage:
     u.sequences = max(0, u.parts["KV cache"]) // per_sequence
     u.note = f"KV for ~{u.sequences} sequences of {cfg.rollout.max_len} tokens"
     if c.kind != FROZEN_ENGINES:
-        dialogues = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+        dialogues = cfg.rollout.dialogues
         u.note += f" (an iteration: {dialogues} dialogues, ~{math.ceil(dialogues / c.count)} per engine)"
     if c.kind == ENGINES and u.parts["KV cache"] > 0:  # every dialogue has one sequence on its role's engines
         served = len(trained_roles(cfg)) if cfg.rollout.share_engines else 1

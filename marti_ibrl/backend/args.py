@@ -46,10 +46,6 @@ def role_dir(cfg: Config, role: RoleConfig) -> Path:
     return Path(cfg.ckpt.path) / role.name
 
 
-def samples_per_iteration(cfg: Config) -> int:
-    return cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
-
-
 def warmup_ratio(cfg: Config, role: RoleConfig) -> float:
     """``roleN.lr_warmup_steps`` as the share of the role's optimizer steps OpenRLHF's scheduler takes
     (``ceil(ratio × steps)`` warm-up steps; the steps as :meth:`RoleStack.init_models` counts them)."""
@@ -95,7 +91,7 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     # micro-batches (padding included, split_across_ranks); DeepSpeed checks it divides at start-up, each
     # update then sets its own (prepare_update)
     step = cfg.train.micro_batch_size * role.num_nodes * role.num_gpus_per_node
-    a.train.batch_size = -(-samples_per_iteration(cfg) // step) * step
+    a.train.batch_size = -(-cfg.rollout.dialogues // step) * step
     a.train.micro_batch_size = cfg.train.micro_batch_size
     a.train.max_epochs = cfg.train.max_epochs
     a.train.seed = cfg.train.seed
@@ -156,5 +152,5 @@ def engine_lora(cfg: Config, role: RoleConfig) -> dict | None:
 def training_kv_sequences(cfg: Config, num_engines: int, least: int = 8) -> int:
     """Full-length sequences a training engine's CPU KV cache holds: its share of the iteration's B × G dialogues
     (one turn of each in flight at a time), at least ``least``; vLLM queues whatever does not fit."""
-    dialogues = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+    dialogues = cfg.rollout.dialogues
     return max(least, -(-dialogues // max(1, num_engines)))

@@ -162,6 +162,12 @@ class RolloutConfig:
     ``hf`` (batched HF ``generate`` with per-dialogue KV caches: faster for tiny models on CPU) or ``auto`` (vLLM on
     CUDA when installed, else HF). Weights reach vLLM engines by OpenRLHF's broadcast (NCCL on GPU, gloo on CPU)."""
 
+    @property
+    def dialogues(self) -> int:
+        """B × G: the dialogues of one iteration (``batch_size`` scenarios × ``n_samples_per_prompt``), the one
+        place this product is computed (the engines' KV sizing, the plan, OpenRLHF's batch)."""
+        return self.batch_size * self.n_samples_per_prompt
+
 
 @dataclass
 class TrainConfig:

@@ -1,4 +1,4 @@
-"""The environment protocol every dialogue domain implements (DoND now, TeleSales later).
+"""The environment protocol every dialogue domain implements (docs/environments.md: the contract, a minimal game).
 
 A *scenario* is one prompt of the paper's GRPO groups (Eq. 4 groups rollouts by scenario).
 An environment is pure Python: it never touches models. The rollout runner asks it, turn by

@@ -257,9 +257,3 @@ class Evaluator:
             return list(fixed)
         shift = scenario_index % len(self.roles)
         return self.roles[shift:] + self.roles[:shift]
-
-
-def _by_scenario(trajs: Sequence[Trajectory], samples: int) -> Iterator[list[Trajectory]]:
-    """Trajectories in the order they were requested (the runner returns them per (request, sample))."""
-    for i in range(0, len(trajs), samples):
-        yield list(trajs[i : i + samples])

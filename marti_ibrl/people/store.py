@@ -179,10 +179,6 @@ class Store:
 
     # -- games -----------------------------------------------------------------------------------------------
 
-    def count_games(self, env: str) -> int:
-        """Games of ``env`` ever started (any status): the index the next one draws its scenario and seats by."""
-        return self._rows("SELECT COUNT(*) AS n FROM games WHERE env = ?", (env,))[0]["n"]
-
     def abandon_active(self, participant: str | None = None, game_id: int | None = None) -> int:
         """Mark the active games (of ``participant``, the game ``game_id``, or all) abandoned; how many."""
         where, args = "", []
