@@ -101,7 +101,9 @@ def device_memory_gib(stacks: Mapping[str, Any]) -> float:
 
         return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
 
-    first = next(iter(stacks.values())).actor._actor_handlers[0]
+    from marti_ibrl.backend.internals import actor_handles
+
+    first = actor_handles(next(iter(stacks.values())).actor)[0]
     return ray.get(first.__ray_call__.remote(total))
 
 

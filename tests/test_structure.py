@@ -171,3 +171,60 @@ def test_no_function_over_100_lines() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == []
+
+
+# -- private internals of OpenRLHF, Ray, DeepSpeed: reached only through marti_ibrl/backend/internals.py -------------
+
+ADAPTER = "backend/internals.py"
+PUBLIC_DESPITE_THE_NAME = {"os._exit", "_thread"}  # the standard library's documented API
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_accesses(source: str) -> list[str]:
+    """Attributes and modules named with one leading underscore that ``source`` reaches on something not its own
+    (not ``self``/``cls``, not a class it defines, not ``super()``: a subclass overriding a private method)."""
+    import ast
+
+    tree = ast.parse(source)
+    own = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)} | {"self", "cls"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            v = node.value
+            if (isinstance(v, ast.Name) and v.id in own) or (
+                isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "super"
+            ):
+                continue
+            if ast.unparse(node) not in PUBLIC_DESPITE_THE_NAME:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom) and node.module and any(map(_private, node.module.split("."))):
+            found.append(f"line {node.lineno}: from {node.module} import")
+        elif isinstance(node, ast.Import):
+            found += [
+                f"line {node.lineno}: import {a.name}"
+                for a in node.names
+                if a.name not in PUBLIC_DESPITE_THE_NAME and any(map(_private, a.name.split(".")))
+            ]
+    return found
+
+
+def test_private_access_checker_sees_attributes_and_modules_but_not_own_or_overridden():
+    src = (
+        "from ray._raylet import X\nimport a._b\nclass C(Base):\n    def _f(self):\n        return super()._f()\n"
+        "    def g(self, h):\n        C._f(self); self._y; os._exit(1)\n        return h._actor_id\n"
+    )
+    assert private_accesses(src) == ["line 1: from ray._raylet import", "line 2: import a._b", "line 8: h._actor_id"]
+
+
+def test_private_internals_are_reached_only_through_the_adapter():
+    """Every private access to OpenRLHF, Ray or DeepSpeed is in backend/internals.py, each with the public API it
+    lacks: the day one of them changes, the fix is in one module."""
+    hits = {
+        str(f.relative_to(PACKAGE)): found
+        for f in sorted(PACKAGE.rglob("*.py"))
+        if str(f.relative_to(PACKAGE)) != ADAPTER and (found := private_accesses(f.read_text()))
+    }
+    assert hits == {}, f"use marti_ibrl/backend/internals.py (or add the access there, naming the missing API): {hits}"

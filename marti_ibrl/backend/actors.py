@@ -23,6 +23,7 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.backend.finite import NonFiniteError
+from marti_ibrl.backend.internals import actor_handles, replicas, restart_accumulation
 from marti_ibrl.procenv import listen_port
 from marti_ibrl.rollout.digest import params_digest
 
@@ -109,7 +110,7 @@ class IsolatedExperienceMaker(RemoteExperienceMaker):
 
 def data_parallel_ranks(group: RayActorGroup) -> int:
     """R: an actor group's data-parallel ranks (actors in a ring / tensor-parallel group share one rank's data)."""
-    return len(group._actor_handlers) // group.duplicate_actors
+    return len(actor_handles(group)) // replicas(group)
 
 
 class RendezvousPort:
@@ -290,8 +291,7 @@ class RolePolicyActorBase(RendezvousPort, PolicyModelActor.__ray_actor_class__):
             buffer.clear()
             return 0
         engine.set_train_batch_size(gas * micro * engine.dp_world_size)
-        engine.micro_steps = 0
-        self.strategy.accumulated_gradient = gas
+        restart_accumulation(engine, self.strategy, gas)
         return gas
 
     def reseed(self, seed: int) -> None:

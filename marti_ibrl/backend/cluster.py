@@ -27,11 +27,11 @@ def wait_for_cluster(address: str, timeout: float) -> None:
     import socket
     import time
 
-    from ray._private.services import canonicalize_bootstrap_address  # how ray.init reads `auto` and RAY_ADDRESS
+    from marti_ibrl.backend.internals import bootstrap_address  # how ray.init reads `auto` and RAY_ADDRESS
 
     flag = f"--ray.address {address}"
     try:
-        target = canonicalize_bootstrap_address(address) if address == "auto" else address.removeprefix("ray://")
+        target = bootstrap_address(address) if address == "auto" else address.removeprefix("ray://")
     except (ConnectionError, ValueError) as e:  # `auto` with no cluster on this machine; a malformed address
         raise ConfigError(f"{flag}: {' '.join(str(e).split())[:300]}") from None
     host, _, port = (target or "").rpartition(":")

@@ -82,10 +82,14 @@ def decide_overflow(optimizer, skip: bool) -> None:
     optimizer.check_overflow = check_overflow
     if hasattr(optimizer, "check_grad_overflow"):  # ZeRO-1/2: step() calls check_overflow when this is set
         optimizer.check_grad_overflow = True
-    if hasattr(optimizer, "_loss_scale_update_and_overflow_cleanup"):  # ZeRO-3: step() checks through this
+    from marti_ibrl.backend.internals import zero3_overflow_hooks
+
+    zero3 = zero3_overflow_hooks(optimizer)
+    if zero3 is not None:  # ZeRO-3: step() checks through this
+        cleanup, checked_through = zero3
 
         def overflow_check_and_loss_scale_update(update_scale: bool = True) -> bool:
             optimizer.overflow = skip
-            return optimizer._loss_scale_update_and_overflow_cleanup() if update_scale else optimizer.overflow
+            return cleanup() if update_scale else optimizer.overflow
 
-        optimizer._overflow_check_and_loss_scale_update = overflow_check_and_loss_scale_update
+        setattr(optimizer, checked_through, overflow_check_and_loss_scale_update)

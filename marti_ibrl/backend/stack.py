@@ -29,6 +29,7 @@ from marti_ibrl.backend.actors import (
 from marti_ibrl.backend.args import engine_kind, engine_lora, role_args, training_kv_sequences
 from marti_ibrl.backend.cluster import kill_actors
 from marti_ibrl.backend.finite import FiniteStepStrategy
+from marti_ibrl.backend.internals import actor_handles, actor_id, placement_group, replicas
 from marti_ibrl.config import Config, RoleConfig
 from marti_ibrl.lora import AdapterRef
 from marti_ibrl.placement import has_reference, pool_engine_count
@@ -141,7 +142,7 @@ class RoleStack:
         if not split.micro_batches:
             return None, split
         pad = zero_weight_copy(min(items, key=lambda item: item.sequences.numel()))
-        handlers, dup = self.actor._actor_handlers, self.actor.duplicate_actors
+        handlers, dup = actor_handles(self.actor), replicas(self.actor)
         refs = []
         for r, (share, padding) in enumerate(zip(split.ranks, split.padding, strict=True)):
             shard = ray.put([items[i] for i in share] + [pad] * padding)
@@ -194,8 +195,8 @@ class RoleStack:
     def processes(self) -> dict[str, list]:
         """The role's Ray actors: actor ranks, reference ranks, engines, pool engines."""
         return {
-            "actor": self.actor._actor_handlers,
-            "reference": self.ref._actor_handlers if self.ref is not None else [],
+            "actor": actor_handles(self.actor),
+            "reference": actor_handles(self.ref) if self.ref is not None else [],
             "engines": self.engines,
             "pool_engines": self.pool_engines,
         }
@@ -272,18 +273,17 @@ class FrozenEngines:
             device=self.device,
             gpu_memory_utilization=self.gpu_memory_utilization,
         )
-        self._groups[engines[0]._actor_id.hex()] = sorted(set(placement_group_table()) - before)
+        self._groups[actor_id(engines[0])] = sorted(set(placement_group_table()) - before)
         return engines
 
     def stop(self, engines: list) -> None:
-        from ray._raylet import PlacementGroupID
-        from ray.util.placement_group import PlacementGroup, remove_placement_group
+        from ray.util.placement_group import remove_placement_group
 
-        groups = self._groups.pop(engines[0]._actor_id.hex(), []) if engines else []
+        groups = self._groups.pop(actor_id(engines[0]), []) if engines else []
         for engine in engines:
             ray.kill(engine)
         for pg in groups:
-            remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg))))
+            remove_placement_group(placement_group(pg))
 
 
 def _node_id(_actor) -> str:
