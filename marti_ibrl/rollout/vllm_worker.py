@@ -1,6 +1,6 @@
 """Inside a vLLM worker process: OpenRLHF's ``WorkerWrap`` plus the calls the project's engines make.
 
-Started as vLLM's ``worker_extension_cls`` by :func:`marti_ibrl.rollout.engines.vllm_engine_class`, so these methods
+Started as vLLM's ``worker_extension_cls`` by :func:`marti_ibrl.rollout.vllm_engine.vllm_engine_class`, so these methods
 are reachable with ``collective_rpc``. Imports nothing from vLLM at module level: the module loads in any process.
 """
 
