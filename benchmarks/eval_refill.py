@@ -21,8 +21,8 @@ from pathlib import Path
 from marti_ibrl.backend.cluster import start_ray
 from marti_ibrl.backend.stack import FrozenEngines
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
-from marti_ibrl.eval.evaluator import Evaluator
 from marti_ibrl.eval.episodes import Named
+from marti_ibrl.eval.evaluator import Evaluator
 
 
 def main(argv: list[str] | None = None) -> int:

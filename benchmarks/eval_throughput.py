@@ -31,8 +31,8 @@ from pathlib import Path
 
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
 from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS
-from marti_ibrl.eval.evaluator import Evaluator
 from marti_ibrl.eval.episodes import SELF, Named
+from marti_ibrl.eval.evaluator import Evaluator
 
 
 def _played_engine(model: str, env: DondEnv, n: int, turns: int, max_new_tokens: int):

@@ -11,9 +11,9 @@ import pytest
 from test_players import FakeServer, ok  # the real local HTTP server of the player tests
 
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios, make_bot
-from marti_ibrl.eval.evaluator import Evaluator, episode_id
 from marti_ibrl.eval.dond.metrics import summarize, summarize_seat_averaged
 from marti_ibrl.eval.episodes import SELF, Named, parse_named, read_episodes
+from marti_ibrl.eval.evaluator import Evaluator, episode_id
 from marti_ibrl.rollout import players
 from marti_ibrl.rollout.runner import Policy
 

@@ -287,6 +287,28 @@ def test_report_with_training_curves(eval_dir, tmp_path):
     assert "![reward curves](figures/reward_curves.png)" in report and "| hardliner | B | A |" in report
 
 
+def test_report_shows_what_they_said_in_the_first_and_last_iteration(tmp_path):
+    from marti_ibrl.rollout import transcripts
+
+    run = tmp_path / "run"
+    run.mkdir()
+    history = [{"iteration": k, "a/reward": 0.0, "b/reward": 0.0, "rollout/agreement": 0.0, "rollout/malformed": 0.0}
+               for k in (1, 2, 3)]  # fmt: skip
+    (run / "trainer_state.json").write_text(json.dumps({"iteration": 3, "history": history}))
+
+    def said(k, text):
+        return {"iteration": k, "scenario_uid": f"s{k}", "sample_index": 0, "seats": ["a", "b"],
+                "policies": {"a": "current", "b": "current"}, "rewards": {"a": 1.0, "b": 0.0}, "agreed": False,
+                "malformed": False, "fault_role": None, "reason": "", "utilities": {}, "truncated": False,
+                "discarded": [], "turns": [{"role": "a", "text": text, "valid": True, "resamples": 0}]}  # fmt: skip
+
+    transcripts.append(run, [said(1, "first words"), said(2, "middle"), said(3, "last words")])
+    report = write_report(run).read_text()
+    section = report.split("## What they said", 1)[1]
+    assert "3 dialogues kept (iterations 1-3)" in section and f"marti-ibrl show {run}" in section
+    assert "first words" in section and "last words" in section and "middle" not in section
+
+
 def test_missing_directories(tmp_path, capsys):
     from marti_ibrl.cli import main
 

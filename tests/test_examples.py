@@ -219,7 +219,7 @@ def test_split_coins_trains_then_is_evaluated_and_diagnosed(tmp_path, monkeypatc
     monkeypatch.setenv("PYTHONPATH", f"{EXAMPLES}:{Path(__file__).parent}")  # as a user runs it (workers too)
     assert main(train) == 0
     ray.shutdown()
-    out = tmp_path / "eval"
+    out = run / "eval"
     evaluate = ["eval", "--run", str(run), "--policy", f"p={run}/proposer/hf", "--policy", f"r={run}/responder/hf"]
     assert main([*evaluate, "--cross-play", "-n", "4", "--engine", "hf", "--out", str(out)]) == 0
     ray.shutdown()
@@ -241,6 +241,10 @@ def test_split_coins_trains_then_is_evaluated_and_diagnosed(tmp_path, monkeypatc
     capsys.readouterr()
     assert main(["show", str(run)]) == 0
     assert "proposer" in capsys.readouterr().out
+    assert main(["report", str(run)]) == 0  # training, what they said, the diagnostics, the rewards tables
+    report = (run / "report.md").read_text()
+    assert report.index("## Training") < report.index("## What they said") < report.index("## Evaluation")
+    assert "| p | proposer |" in report.split("## Evaluation")[1]
     sys.modules.pop("split_coins", None)
 
 

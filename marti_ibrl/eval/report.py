@@ -189,12 +189,21 @@ def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, refere
             f"![outcome curves]({outcomes.relative_to(run_dir)})\n\n"
             "Share of each iteration's dialogues that ended in a deal, and on a malformed turn."
         )
+    said = said_markdown(run_dir)
+    if said:
+        parts.append(said)
     for diag in sorted((run_dir / "diagnostics").glob("*.json")):
         parts.append(diagnose_markdown(run_dir, json.loads(diag.read_text())))
     if not eval_dir:  # RUN_DIR/eval, or RUN_DIR itself when it is what `marti-ibrl eval --out` wrote
         eval_dir = run_dir if (run_dir / "pairs.json").exists() else run_dir / "eval"
     eval_dir = Path(eval_dir)
-    if (eval_dir / "pairs.json").exists():
+    spec = _own_evaluation_missing(run_dir)
+    if (eval_dir / "pairs.json").exists() and spec is not None:  # an env evaluated by its rewards (eval/generic.py)
+        from marti_ibrl.eval.generic import write_tables as rewards_tables
+
+        text = rewards_tables(eval_dir, list(spec.roles), spec.interchangeable_roles)
+        parts.append(f"## Evaluation\n\nFrom `{eval_dir}`.\n\n{text}")
+    elif (eval_dir / "pairs.json").exists():
         pairs = load_pairs(eval_dir)
         n = max((p["summary"]["averaged"]["n"] for p in pairs), default=0)
         parts.append(f"## Evaluation\n\nFrom `{eval_dir}` (up to {n} episodes per pair).\n\n" + tables_markdown(pairs))
@@ -206,6 +215,38 @@ def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, refere
     out = run_dir / "report.md"
     out.write_text("\n\n".join(parts) + "\n")
     return out
+
+
+def said_markdown(run_dir: Path, shown: int = 1) -> str | None:
+    """``report.md``'s "What they said": ``shown`` kept dialogues of the first and of the last iteration
+    (``RUN/transcripts.jsonl``, ``--logger.transcripts``), and the command that shows the rest; None without any."""
+    from marti_ibrl.rollout import transcripts
+
+    kept = transcripts.read(run_dir)
+    if not kept:
+        return None
+    first, last = kept[0]["iteration"], kept[-1]["iteration"]
+    picks = [r for r in kept if r["iteration"] == first][:shown]
+    if last != first:
+        picks += [r for r in kept if r["iteration"] == last][:shown]
+    blocks = "\n\n".join(f"```\n{transcripts.format_dialogue(r)}\n```" for r in picks)
+    return (
+        f"## What they said\n\n{len(kept)} dialogues kept (iterations {first}-{last}); every one: `marti-ibrl show "
+        f"{run_dir}` (`--iteration K`, `--malformed`). The first and the last iteration:\n\n{blocks}"
+    )
+
+
+def _own_evaluation_missing(run_dir: Path):
+    """The run's environment spec when it has no evaluation of its own (its eval directory holds the tables of
+    :mod:`marti_ibrl.eval.generic`), else None (DoND's, or a run whose config cannot be read)."""
+    from marti_ibrl.envs import registry
+    from marti_ibrl.eval.run_config import run_env_name
+
+    try:
+        spec = registry.get(run_env_name(str(run_dir)))
+    except (ValueError, ImportError, AttributeError, TypeError):
+        return None
+    return spec if spec.evaluate is None else None
 
 
 def learning_summary(history: list[dict], k: int = 3) -> str:
