@@ -108,7 +108,7 @@ def prepare(
     ``sft_dir`` (default ``out/sft``) with its :data:`SFT_RECORD`; returns the SFT checkpoint directory."""
     from marti_ibrl.envs import make_env
     from marti_ibrl.envs.dond import TRAINING_BOTS, generate_scenarios
-    from marti_ibrl.sft import protocol_validity, run_sft, sft_loss_curve, sft_records, write_sft_data
+    from marti_ibrl.sft import protocol_validity, run_sft, sft_loss_curve, sft_records, validity_report, write_sft_data
 
     sft_dir = Path(sft_dir or out / "sft")
     if (sft_dir / "model.safetensors").exists():
@@ -138,8 +138,11 @@ def prepare(
     _step(f"SFT done in {seconds:.0f}s")
     check = generate_scenarios(32, seed + 2)
     before = protocol_validity(base, env, check, n_turns=2, seed=seed)
+    report = validity_report(str(sft_dir), env, generate_scenarios(64, seed + 2), n_turns=2, seed=seed)
     after = protocol_validity(str(sft_dir), env, check, n_turns=2, seed=seed)
     _step(f"protocol-valid opening turns: {model} {before:.0%} -> SFT {after:.0%}")
+    # how often its answers would close the deal: IB-RL needs room to learn (the demo's warm start: ~10%)
+    _step(f"answers that close the deal in self-play: {report['complement']:.0%} of {int(report['n_answers'])}")
     loss = [x for _, x in sft_loss_curve(str(sft_dir))]
     record = {
         "settings": settings,
@@ -148,6 +151,7 @@ def prepare(
         "seconds": round(seconds, 1),
         "loss": [round(loss[0], 3), round(loss[-1], 3)] if loss else None,
         "valid_opening_turns": {"base": before, "sft": after},
+        "closing_answers": {"share": report["complement"], "answers": int(report["n_answers"])},
     }
     (sft_dir / SFT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
     return str(sft_dir)
