@@ -107,3 +107,21 @@ def test_plan_pairs_policies_of_different_roles_and_refuses_what_cannot_be_playe
     b2 = f"b2={tmp_path / 'run' / 'buyer' / 'hf'}"
     with pytest.raises(ValueError, match="the policies all play the same role"):
         plan(_args(tmp_path, policy=[b, b2], cross_play=True), spec)
+
+
+def test_episode_records_take_any_scenario_object():
+    from dataclasses import dataclass
+
+    from marti_ibrl.eval.evaluator import scenario_json
+
+    @dataclass(frozen=True)
+    class Item:
+        uid: str
+        value: int
+
+    class Opaque:
+        def __repr__(self):
+            return "Opaque()"
+
+    assert scenario_json(Item("x", 3)) == {"uid": "x", "value": 3}
+    assert scenario_json(7) == 7 and scenario_json({"pot": 5}) == {"pot": 5} and scenario_json(Opaque()) == "Opaque()"

@@ -36,10 +36,26 @@ def episode_id(uid: str, policy_role: str, sample: int) -> str:
     return f"{uid}|{policy_role}|{sample}"
 
 
+def scenario_json(scenario: Any) -> Any:
+    """A scenario as JSON: its ``to_json()``, a dataclass's fields, the value itself when JSON takes it, else its
+    ``repr`` (an environment of your own may use any object)."""
+    import dataclasses
+
+    if hasattr(scenario, "to_json"):
+        return scenario.to_json()
+    if dataclasses.is_dataclass(scenario) and not isinstance(scenario, type):
+        return dataclasses.asdict(scenario)
+    try:
+        json.dumps(scenario)
+    except (TypeError, ValueError):
+        return repr(scenario)
+    return scenario
+
+
 def episode_record(traj: Trajectory, policy: str, counterpart: str, policy_role: str, roles: Sequence[str]) -> dict:
     """One JSONL line: everything needed to recompute every metric without the models."""
     outcome = traj.outcome
-    scenario = traj.scenario.to_json() if hasattr(traj.scenario, "to_json") else traj.scenario
+    scenario = scenario_json(traj.scenario)
     return {
         "episode_id": episode_id(traj.scenario_uid, policy_role, traj.sample_index),
         "scenario_uid": traj.scenario_uid,
