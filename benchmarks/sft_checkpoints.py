@@ -1,0 +1,44 @@
+"""When does the vLLM-capable tiny warm start learn the format, and when does it learn to close every deal?
+
+One SFT of the 4-head tiny model (``sft.tiny_architecture("vllm")``, ``DEMO_SFT_VLLM``) on the demo's scripted
+dialogues, with an HF checkpoint every 75 optimizer steps; per checkpoint the protocol-valid opening turns and, in
+self-play (``sft.validity_report``), the share of answers that are the offer's complement (a deal). Results in
+``benchmarks/results/sft_checkpoints.json``; docs/measured.md ("Every path learns? The warm start first") reads them.
+Run in a clone of its own, from a directory where ``marti-ibrl demo --rollout.engine vllm --model tiny --make-sft``
+left ``runs/demo/tiny`` and ``runs/demo/sft_data.jsonl``:
+
+    .venv/bin/python benchmarks/sft_checkpoints.py [--every 75] [--out runs/sft_checkpoints]
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from marti_ibrl.envs.dond import DondEnv, generate_scenarios
+from marti_ibrl.sft import DEMO_SFT_VLLM, protocol_validity, run_sft, validity_report
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--every", type=int, default=75)
+    p.add_argument("--out", default="runs/sft_checkpoints")
+    args = p.parse_args()
+    out = Path(args.out)
+    cfg = {k: v for k, v in DEMO_SFT_VLLM.items() if k != "n_scenarios"}
+    run_sft("runs/demo/tiny", "runs/demo/sft_data.jsonl", str(out), seed=0,
+            extra_args=["--ckpt.save_steps", str(args.every), "--ckpt.save_hf"], **cfg)  # fmt: skip
+    env = DondEnv(max_rounds=5, prompt_style="compact", bot_speech="markers", show_complement=True)
+    rows = []
+    for d in sorted((out / "ds_ckpt").glob("global_step*_hf"), key=lambda p: int(p.name[11:-3])):
+        valid = protocol_validity(str(d), env, generate_scenarios(32, 2), n_turns=2, seed=0)
+        r = validity_report(str(d), env, generate_scenarios(64, 2), n_turns=6, seed=0)
+        rows.append({"sft_step": int(d.name[11:-3]), "valid_opening": round(valid, 3),
+                     "protocol_6_turns": round(r["protocol"], 3), "closing_answers": round(r["complement"], 3),
+                     "answers": int(r["n_answers"])})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    results = Path(__file__).parent / "results" / "sft_checkpoints.json"
+    results.write_text(json.dumps({"checkpoints": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
