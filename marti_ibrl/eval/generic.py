@@ -23,27 +23,28 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from marti_ibrl.eval.pairs import check_models, check_names, claim_out, merge_adapters, pairs_for, play, policies_of
-from marti_ibrl.eval.run_config import apply_run_settings
+from marti_ibrl.eval.pairs import (
+    KINDS,
+    check_models,
+    check_names,
+    claim_out,
+    evaluation,
+    merge_adapters,
+    pairs_for,
+    play,
+    policies_of,
+    record_played,
+)
+from marti_ibrl.eval.run_config import TRAINED_SETTINGS, apply_run_settings
 
-RUN_SETTINGS = {
-    "max_rounds": "env.max_rounds",
-    "max_resamples": "env.max_resamples",
-    "temperature": "rollout.temperature",
-    "top_p": "rollout.top_p",
-    "max_new_tokens": "rollout.max_new_tokens",
-    "max_len": "rollout.max_len",
-}
-"""What a policy's training fixed and an evaluation of any environment keeps: the rounds, the re-samples of a
-malformed turn, the sampling (flags override it)."""
+RUN_SETTINGS = TRAINED_SETTINGS
+"""What a policy's training fixed and an evaluation of any environment keeps (:data:`marti_ibrl.eval.run_config.TRAINED_SETTINGS`)."""
 DOND_ONLY = {"prompt_style": "--prompt-style", "bot_speech": "--bot-speech", "show_complement": "--show-complement"}
 
 
 def evaluate(args) -> int:
     """``marti-ibrl eval`` of an environment without an evaluation of its own: every check before any engine
     starts, then the episodes (resumable), ``pairs.json``, ``summary.json`` and ``tables.md``."""
-    from marti_ibrl.eval.engines import LazyEngines, owned_ray
-    from marti_ibrl.eval.evaluator import Evaluator
 
     def error(why: str) -> int:
         print(f"marti-ibrl eval: error: {why}", file=sys.stderr)
@@ -72,19 +73,10 @@ def evaluate(args) -> int:
         pairs = merge_adapters(pairs, out / "merged")
     except ValueError as e:
         return error(str(e))
-    checkpoints = sorted({s for p, c, _ in pairs for s in (p.spec, c.spec) if s.startswith("checkpoint:")})
-    with owned_ray():
-        engines = LazyEngines(args, len(checkpoints)) if checkpoints else None
-        sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
-        ev = Evaluator(
-            env, scenarios, sampling, args.max_len, args.max_resamples, engines, seed=args.seed, chunk=args.batch
-        )
+    with evaluation(args, env, scenarios, pairs) as ev:
         ev.policy_roles = roles_of
-        try:
-            results = play(ev, pairs, out / "episodes", samples=args.samples)
-        finally:
-            ev.close()
-    (out / "pairs.json").write_text(json.dumps(results, indent=1))
+        results = play(ev, pairs, out / "episodes", samples=args.samples)
+    record_played(out, results, ev)
     print(write_tables(out, list(env.roles), spec.interchangeable_roles))
     return 0
 
@@ -256,8 +248,6 @@ def _cell(s: Mapping[str, Any]) -> str:
 
 def tables_markdown(pairs: Sequence[Mapping[str, Any]], roles: Sequence[str]) -> str:
     """One table per kind of pair: a row per (policy, role played), a column per counterpart."""
-    from marti_ibrl.eval.report import KINDS
-
     parts = [
         "Cells: the policy's mean reward [95% CI] · the counterpart's mean reward · agreed rate · malformed rate "
         "(own: ended on the policy's turn) · episodes. *averaged*: the mean over the roles (interchangeable roles)."

@@ -13,7 +13,11 @@ import json
 import os
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+
+KINDS = ("in-system", "self-play", "cross-play", "held-out")
+"""The kinds of (policy, counterpart) pairs :func:`pairs_for` makes, in the order the tables show them."""
 
 
 def policies_of(args) -> list:
@@ -244,3 +248,34 @@ def merge_adapters(pairs: list[tuple], cache_dir: Path) -> list[tuple]:
         return replace(n, spec=merged[n.spec]) if n.spec in merged else n
 
     return [(swap(p), swap(c), kind) for p, c, kind in pairs]
+
+
+@contextmanager
+def evaluation(args, env, scenarios, pairs: list[tuple]):
+    """The :class:`~marti_ibrl.eval.evaluator.Evaluator` of an evaluation, inside a Ray of its own: engines for the
+    pairs' checkpoints started when first needed (``--engine``, ``--num-engines``), the sampling and re-samples of
+    ``args``; every engine and endpoint closed on the way out."""
+    from marti_ibrl.eval.engines import LazyEngines, owned_ray
+    from marti_ibrl.eval.evaluator import Evaluator
+
+    checkpoints = sorted({s for p, c, _ in pairs for s in (p.spec, c.spec) if s.startswith("checkpoint:")})
+    with owned_ray():
+        engines = LazyEngines(args, len(checkpoints)) if checkpoints else None
+        sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
+        ev = Evaluator(
+            env, scenarios, sampling, args.max_len, args.max_resamples, engines, seed=args.seed, chunk=args.batch
+        )
+        try:
+            yield ev
+        finally:
+            ev.close()
+
+
+def record_played(out: Path, results: list[dict], ev) -> None:
+    """``OUT/pairs.json`` (the pairs and their episode files) and ``OUT/endpoints.json`` (what this invocation asked
+    each endpoint counterpart: a resumed run only what it played, also printed)."""
+    (out / "pairs.json").write_text(json.dumps(results, indent=1))
+    if ev.endpoint_stats:
+        (out / "endpoints.json").write_text(json.dumps(ev.endpoint_stats, indent=1, sort_keys=True))
+        for name, counts in sorted(ev.endpoint_stats.items()):
+            print(f"endpoint {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=sys.stderr)

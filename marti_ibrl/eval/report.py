@@ -14,8 +14,7 @@ from statistics import mean
 
 from marti_ibrl.eval.dond.metrics import mismatch, summarize_seat_averaged
 from marti_ibrl.eval.episodes import read_episodes
-
-KINDS = ("in-system", "self-play", "cross-play", "held-out")
+from marti_ibrl.eval.pairs import KINDS  # noqa: F401 (the kinds of pairs, in table order; imported from here too)
 
 
 def load_pairs(eval_dir: Path) -> list[dict]:

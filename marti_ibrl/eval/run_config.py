@@ -38,6 +38,19 @@ def run_env_name(run: str) -> str:
     return env_name(read_run_config(run)[1])
 
 
+TRAINED_SETTINGS = {
+    # eval flag's dest: the training config's key
+    "max_rounds": "env.max_rounds",
+    "max_resamples": "env.max_resamples",
+    "temperature": "rollout.temperature",
+    "top_p": "rollout.top_p",
+    "max_new_tokens": "rollout.max_new_tokens",
+    "max_len": "rollout.max_len",
+}
+"""What a policy's training fixed that every evaluation keeps: the rounds, the re-samples of a malformed turn, the
+sampling (``--run``'s; flags override them). DoND adds its protocol (:data:`marti_ibrl.eval.dond.command.RUN_SETTINGS`)."""
+
+
 def setting_defaults(settings: dict[str, str]) -> dict[str, Any]:
     """``{flag dest: training config key}``'s values in the training schema (:class:`marti_ibrl.config.Config`): one
     source for the defaults of ``train`` and ``eval``."""

@@ -5,36 +5,31 @@ protocol from ``--run``, the claim on ``--out``, then the episodes and ``tables.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from marti_ibrl.eval.engines import LazyEngines, owned_ray
 from marti_ibrl.eval.pairs import (  # noqa: F401 (SETTINGS: re-exported for the tests)
     SETTINGS,
     check_models,
     check_names,
     claim_out,
+    evaluation,
     merge_adapters,
     pairs_for,
     play,
     policies_of,
+    record_played,
 )
+from marti_ibrl.eval.run_config import TRAINED_SETTINGS, setting_defaults
 from marti_ibrl.eval.run_config import apply_run_settings as apply_settings
-from marti_ibrl.eval.run_config import setting_defaults
 
 RUN_SETTINGS = {
     # eval flag's dest: the training config's key
     "prompt_style": "env.prompt_style",
     "bot_speech": "env.bot_speech",
     "show_complement": "env.show_complement",
-    "max_rounds": "env.max_rounds",
-    "max_resamples": "env.max_resamples",
-    "temperature": "rollout.temperature",
-    "top_p": "rollout.top_p",
-    "max_new_tokens": "rollout.max_new_tokens",
-    "max_len": "rollout.max_len",
+    **TRAINED_SETTINGS,
 }
 """The evaluation settings a policy's training fixed: the protocol it learned (prompt, bot speech, offers shown,
 rounds) and its sampling. ``--run`` takes them from the run's ``config.yaml``; without it they are training's
@@ -102,7 +97,6 @@ def evaluate(args) -> int:
     except ValueError as e:
         print(f"marti-ibrl eval: error: {e}", file=sys.stderr)
         return 2
-    from marti_ibrl.eval.evaluator import Evaluator
     from marti_ibrl.eval.report import write_tables
 
     try:
@@ -110,22 +104,9 @@ def evaluate(args) -> int:
     except ValueError as e:
         print(f"marti-ibrl eval: error: {e}", file=sys.stderr)
         return 2
-    checkpoints = sorted({spec for p, c, _ in pairs for spec in (p.spec, c.spec) if spec.startswith("checkpoint:")})
-    with owned_ray():
-        engines = LazyEngines(args, len(checkpoints)) if checkpoints else None
-        sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
-        ev = Evaluator(
-            env, scenarios, sampling, args.max_len, args.max_resamples, engines, seed=args.seed, chunk=args.batch
-        )
-        try:
-            results = play(ev, pairs, out / "episodes", samples=args.samples)
-        finally:
-            ev.close()
-    (out / "pairs.json").write_text(json.dumps(results, indent=1))
-    if ev.endpoint_stats:  # what this invocation asked each endpoint (a resumed run: only what it played)
-        (out / "endpoints.json").write_text(json.dumps(ev.endpoint_stats, indent=1, sort_keys=True))
-        for name, counts in sorted(ev.endpoint_stats.items()):
-            print(f"endpoint {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=sys.stderr)
+    with evaluation(args, env, scenarios, pairs) as ev:
+        results = play(ev, pairs, out / "episodes", samples=args.samples)
+    record_played(out, results, ev)
     print(write_tables(out))
     return 0
 
