@@ -96,7 +96,7 @@ def evaluate(args) -> int:
     if spec.evaluate is None:  # any other environment: its own rewards (marti_ibrl/eval/generic.py)
         from marti_ibrl.eval.generic import evaluate as evaluate_any
 
-        return evaluate_any(args)
+        return evaluate_any(args, spec)
     if args.policy_role:
         return _error(f"--policy-role: {args.env}'s policies play every role (its roles are interchangeable)")
     return spec.evaluate(args)

@@ -42,9 +42,9 @@ RUN_SETTINGS = TRAINED_SETTINGS
 DOND_ONLY = {"prompt_style": "--prompt-style", "bot_speech": "--bot-speech", "show_complement": "--show-complement"}
 
 
-def evaluate(args) -> int:
-    """``marti-ibrl eval`` of an environment without an evaluation of its own: every check before any engine
-    starts, then the episodes (resumable), ``pairs.json``, ``summary.json`` and ``tables.md``."""
+def evaluate(args, spec) -> int:
+    """``marti-ibrl eval`` of ``spec``, an environment without an evaluation of its own: every check before any
+    engine starts, then the episodes (resumable), ``pairs.json``, ``summary.json`` and ``tables.md``."""
 
     def error(why: str) -> int:
         print(f"marti-ibrl eval: error: {why}", file=sys.stderr)
@@ -53,7 +53,6 @@ def evaluate(args) -> int:
     if not args.policy:
         return error("give --policy NAME=PATH (a run's ROLE/hf)")
     try:
-        spec = _spec(args.env)
         given = [flag for dest, flag in DOND_ONLY.items() if getattr(args, dest) is not None]
         if given:
             raise ValueError(f"{', '.join(given)}: DoND's protocol flags; {spec.name} has none")
@@ -81,15 +80,6 @@ def evaluate(args) -> int:
     return 0
 
 
-def _spec(name: str):
-    from marti_ibrl.envs import registry
-
-    try:
-        return registry.get(name)
-    except (ValueError, ImportError, AttributeError, TypeError) as e:
-        raise ValueError(f"--env {name}: {e}") from None
-
-
 def env_and_scenarios(args, spec) -> tuple[Any, list[tuple[str, Any]]]:
     """The environment as ``--run`` trained it (its ``env`` section; flags override the rounds, re-samples and
     ``--data``) and the first ``-n`` of its scenarios for ``--scenario-seed``."""
@@ -109,6 +99,7 @@ def env_and_scenarios(args, spec) -> tuple[Any, list[tuple[str, Any]]]:
                 f"--run {args.run}: {path}: its env section does not load ({' '.join(str(e).split())})"
             ) from None
     env_cfg.name, env_cfg.max_rounds, env_cfg.max_resamples = spec.name, args.max_rounds, args.max_resamples
+    env_cfg.num_scenarios = args.num_scenarios  # (an env that generates its scenarios makes no more than -n)
     if args.data:
         env_cfg.data = args.data
     env_cfg = OmegaConf.to_object(env_cfg)
