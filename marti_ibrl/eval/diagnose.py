@@ -92,13 +92,16 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
         "top_p": cfg.rollout.top_p,
         "max_new_tokens": cfg.rollout.max_new_tokens,
     }
-    ev = Evaluator(env, scenarios, sampling, cfg.rollout.max_len, cfg.env.max_resamples, engines)
     seats = tuple(roles) if spec.interchangeable_roles else (role,)  # the roles a checkpoint of ``role`` plays
+    names = {step: f"{role}-step{step}" for step, _ in checkpoints}
+    ev = Evaluator(
+        env, scenarios, sampling, cfg.rollout.max_len, cfg.env.max_resamples, engines,
+        policy_roles=dict.fromkeys(names.values(), seats),
+    )  # fmt: skip
     out = run_dir / "diagnostics"
     points, utterances = [], {}
     for step, path in checkpoints:
-        policy = Named(f"{role}-step{step}", f"checkpoint:{path}")
-        ev.policy_roles[policy.name] = seats
+        policy = Named(names[step], f"checkpoint:{path}")
         vs_fixed = ev.run_pair(policy, Named("fixed", fixed_spec), out / "episodes" / f"{policy.name}__fixed.jsonl")
         utterances[f"step {step}"] = [
             t["text"] for e in vs_fixed for t in e["transcript"] if t["role"] == e["policy_role"] and t["text"]

@@ -105,6 +105,7 @@ class Evaluator:
         seed: int = 0,
         chunk: int = 64,
         flush_every: int = 2,
+        policy_roles: dict[str, Sequence[str]] | None = None,
     ):
         """``chunk`` episodes are played at once (finished ones replaced by waiting ones); one runner call plays
         ``flush_every * chunk`` episodes (sampling seeds are drawn per call; each call drains the dialogues in play,
@@ -122,7 +123,7 @@ class Evaluator:
         self.chunk = chunk
         self.flush_every = flush_every
         self._cache: dict[str, Policy] = {}
-        self.policy_roles: dict[str, Sequence[str]] = {}  # policy name -> the roles it plays (default: every role)
+        self.policy_roles = dict(policy_roles or {})  # policy name -> the roles it plays (default: every role)
         self.endpoint_stats: dict[str, dict[str, int]] = {}  # counterpart name -> its client's counts (this run)
 
     def policy(self, named: Named) -> Policy:

@@ -72,8 +72,7 @@ def evaluate(args, spec) -> int:
         pairs = merge_adapters(pairs, out / "merged")
     except ValueError as e:
         return error(str(e))
-    with evaluation(args, env, scenarios, pairs) as ev:
-        ev.policy_roles = roles_of
+    with evaluation(args, env, scenarios, pairs, roles_of) as ev:
         results = play(ev, pairs, out / "episodes", samples=args.samples)
     record_played(out, results, ev)
     print(write_tables(out, list(env.roles), spec.interchangeable_roles))

@@ -251,10 +251,11 @@ def merge_adapters(pairs: list[tuple], cache_dir: Path) -> list[tuple]:
 
 
 @contextmanager
-def evaluation(args, env, scenarios, pairs: list[tuple]):
+def evaluation(args, env, scenarios, pairs: list[tuple], policy_roles: dict | None = None):
     """The :class:`~marti_ibrl.eval.evaluator.Evaluator` of an evaluation, inside a Ray of its own: engines for the
     pairs' checkpoints started when first needed (``--engine``, ``--num-engines``), the sampling and re-samples of
-    ``args``; every engine and endpoint closed on the way out."""
+    ``args``; ``policy_roles``: the roles each policy plays (default: every role); every engine and endpoint closed on
+    the way out."""
     from marti_ibrl.eval.engines import LazyEngines, owned_ray
     from marti_ibrl.eval.evaluator import Evaluator
 
@@ -263,7 +264,15 @@ def evaluation(args, env, scenarios, pairs: list[tuple]):
         engines = LazyEngines(args, len(checkpoints)) if checkpoints else None
         sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens}
         ev = Evaluator(
-            env, scenarios, sampling, args.max_len, args.max_resamples, engines, seed=args.seed, chunk=args.batch
+            env,
+            scenarios,
+            sampling,
+            args.max_len,
+            args.max_resamples,
+            engines,
+            seed=args.seed,
+            chunk=args.batch,
+            policy_roles=policy_roles,
         )
         try:
             yield ev
