@@ -1,12 +1,13 @@
-"""The :class:`Evaluator` of ``marti-ibrl eval`` (its command line: :mod:`.command`): frozen policies against
-counterparts, seat-averaged, streamed to JSONL (paper §5.2).
+"""The :class:`Evaluator` of ``marti-ibrl eval`` (DoND's command line: :mod:`.dond.command`; any other environment's:
+:mod:`.generic`): frozen policies against counterparts, streamed to JSONL (paper §5.2).
 
 A *policy* is an HF checkpoint served by the same rollout engines as training (vLLM on GPU, HF generate
 on CPU). A *counterpart* is another checkpoint, an OpenAI-compatible endpoint, a scripted bot, or a
 held-out scripted bot (``heldout:NAME``, code and strategies disjoint from every training bot).
-Each scenario is played with the policy in both seats (as ``agent1`` with agent1's private values and as
-``agent2``), openers alternating across scenarios; malformed turns are re-sampled (``max_resamples``) and then scored
-as no deal, exactly as in training (the same :class:`~marti_ibrl.rollout.runner.DialogueRunner`).
+Each scenario is played with the policy in each of its roles (``policy_roles``; default every role: DoND's policy
+as ``agent1`` with agent1's private values and as ``agent2``), openers alternating across scenarios unless the env
+fixes the seats; malformed turns are re-sampled (``max_resamples``) and then scored as the env scores a malformed
+ending, exactly as in training (the same :class:`~marti_ibrl.rollout.runner.DialogueRunner`).
 
 Every finished episode is appended to ``OUT/episodes/POLICY__COUNTERPART.jsonl`` as soon as it ends (one line:
 scenario, seats, transcript, outcome, per-role utilities, malformed/failed flags; written and flushed at once, so a
