@@ -138,8 +138,8 @@ def prepare(
     _step(f"SFT done in {seconds:.0f}s")
     check = generate_scenarios(32, seed + 2)
     before = protocol_validity(base, env, check, n_turns=2, seed=seed)
-    report = validity_report(str(sft_dir), env, generate_scenarios(64, seed + 2), n_turns=2, seed=seed)
-    after = protocol_validity(str(sft_dir), env, check, n_turns=2, seed=seed)
+    report = validity_report(str(sft_dir), env, check, n_turns=2, seed=seed)  # one self-play for both figures
+    after = report["protocol"]  # (what protocol_validity returns)
     _step(f"protocol-valid opening turns: {model} {before:.0%} -> SFT {after:.0%}")
     # how often its answers would close the deal: IB-RL needs room to learn (the demo's warm start: ~10%)
     _step(f"answers that close the deal in self-play: {report['complement']:.0%} of {int(report['n_answers'])}")
