@@ -8,7 +8,7 @@ import pytest
 from fake_model import fake_checkpoint
 
 from marti_ibrl.backend.args import role_args
-from marti_ibrl.config import load_config
+from marti_ibrl.config import ConfigError, load_config
 from marti_ibrl.placement import device_slots, uses_pool
 
 
@@ -243,3 +243,45 @@ def test_lr_warmup_steps_become_the_schedulers_warmup_share(model: str) -> None:
         ("constant_with_warmup", 0.1),
     ]
     assert [math.ceil(a.lr_warmup_ratio * steps) for a, steps in zip(warm, (80, 40))] == [4, 4]
+
+
+def test_cosine_lr_schedule_decays_each_role_to_its_floor_at_its_own_last_step(model: str) -> None:
+    """``--roleN.lr_schedule cosine``: OpenRLHF's ``cosine_with_min_lr`` sized to the role's own optimizer steps
+    (role1 80, role2 40 here): the rate rises over the warm-up, peaks at ``lr``, and is ``min_lr_ratio × lr`` at the
+    role's last step, the staggered role included (built the way OpenRLHF's strategy builds it)."""
+    import math
+
+    import torch
+    from transformers.trainer import get_scheduler
+
+    flags = ["--role1.pretrain", model, "--role2.pretrain", model, "--role2.update_every", "2"]
+    flags += ["--train.iterations", "40", "--train.max_epochs", "2"]
+    for r in ("role1", "role2"):
+        flags += [f"--{r}.lr", "1e-3", f"--{r}.lr_warmup_steps", "10", f"--{r}.lr_schedule", "cosine"]
+    cfg = load_config([*flags, "--role2.min_lr_ratio", "0.2"])
+    for role, steps, floor in zip(cfg.roles, (80, 40), (0.1, 0.2)):
+        a = role_args(cfg, role, "cpu").actor
+        assert (a.lr_scheduler, a.min_lr_ratio) == ("cosine_with_min_lr", floor)
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=a.adam.lr)
+        sched = get_scheduler(
+            a.lr_scheduler,
+            opt,
+            num_warmup_steps=math.ceil(steps * a.lr_warmup_ratio),
+            num_training_steps=steps,
+            scheduler_specific_kwargs={"min_lr_rate": a.min_lr_ratio},
+        )
+        lrs = []
+        for _ in range(steps + 1):
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        assert lrs[0] == 0.0 and lrs[5] == pytest.approx(5e-4) and lrs[10] == pytest.approx(1e-3)
+        assert all(x >= y for x, y in zip(lrs[10:], lrs[11:])), role.name  # decays after the warm-up, never rises
+        assert lrs[steps] == pytest.approx(floor * 1e-3), role.name
+
+
+def test_unknown_lr_schedule_is_refused_with_the_choices(model: str) -> None:
+    with pytest.raises(ConfigError, match=r"role1\.lr_schedule.*constant.*cosine"):
+        load_config(["--role1.pretrain", model, "--role2.pretrain", model, "--role1.lr_schedule", "linear"])
+    with pytest.raises(ConfigError, match=r"role2\.min_lr_ratio"):
+        load_config(["--role1.pretrain", model, "--role2.pretrain", model, "--role2.min_lr_ratio", "1.5"])

@@ -55,6 +55,13 @@ def warmup_ratio(cfg: Config, role: RoleConfig) -> float:
     return min(1.0, role.lr_warmup_steps / steps)
 
 
+def lr_scheduler(role: RoleConfig) -> str:
+    """OpenRLHF's (transformers') scheduler name for ``roleN.lr_schedule`` and ``roleN.lr_warmup_steps``."""
+    if role.lr_schedule == "cosine":
+        return "cosine_with_min_lr"  # warm-up (if any) then a half cosine to min_lr_ratio x lr at the last step
+    return "constant_with_warmup" if role.lr_warmup_steps else "constant"
+
+
 def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     """The role's OpenRLHF args: OpenRLHF's own defaults (its parser), then our per-role values."""
     from openrlhf.cli.train_ppo_ray import get_parser
@@ -70,8 +77,9 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     a.actor.num_nodes = a.ref.num_nodes = role.num_nodes
     a.actor.num_gpus_per_node = a.ref.num_gpus_per_node = role.num_gpus_per_node
     a.actor.adam.lr = role.lr
-    a.actor.lr_scheduler = "constant_with_warmup" if role.lr_warmup_steps else "constant"
+    a.actor.lr_scheduler = lr_scheduler(role)
     a.actor.lr_warmup_ratio = warmup_ratio(cfg, role)  # OpenRLHF sizes warm-up as a share of the scheduler's steps
+    a.actor.min_lr_ratio = role.min_lr_ratio
     a.actor.eps_clip = role.eps_clip
     a.actor.entropy_coef = role.entropy_coef if role.entropy_coef > 0 else None
     a.actor.gradient_checkpointing_enable = cfg.ds.gradient_checkpointing

@@ -39,6 +39,13 @@ class RoleConfig:
     """Optimizer steps over which the role's learning rate rises linearly from 0 to ``lr`` (then constant); 0: ``lr``
     from the first step. Adam's first steps move every parameter by about ``lr``, which a tiny model's format may
     not survive."""
+    lr_schedule: str = "constant"
+    """After the warm-up: ``constant`` (``lr`` to the end) or ``cosine`` (OpenRLHF's ``cosine_with_min_lr``: ``lr``
+    decays along a half cosine to ``min_lr_ratio × lr`` at the role's last optimizer step, the steps counted from its
+    own update count, Alg. 1's per-role α_i). Late steps of a policy that already plays well are where a tiny model's
+    format breaks (docs/measured.md, the demo on five seeds)."""
+    min_lr_ratio: float = 0.1
+    """``cosine``: the final learning rate as a share of ``lr`` (OpenRLHF's default 0.1). Ignored by ``constant``."""
     reward_fn: str | None = None
     """``rule`` (the env's rule reward), ``judge`` (the env's LLM judge for this role, ``judge.*``; TeleSales) or
     ``module:function`` with signature ``fn(trajectory, role, scenario) -> float``. Default: ``judge`` for
@@ -332,6 +339,8 @@ Eq. 4: exactly patch 0005's ``GROUP_ESTIMATORS``, the ones its ``grouped_reward_
 any other name); tests/test_advantages.py checks the two lists are equal and each estimator against a plain
 reference. OpenRLHF's others are refused here and there: ``reinforce`` (no baseline), ``flash_reinforce`` (the
 whole batch's mean, across groups and so across opponents' pairings) and ``gae`` (a critic)."""
+LR_SCHEDULES = ("constant", "cosine")
+"""``--roleN.lr_schedule``: the rate after the warm-up (OpenRLHF's ``constant_with_warmup`` and ``cosine_with_min_lr``)."""
 ENGINES = ("auto", "vllm", "hf")
 COLOCATE = ("none", "role", "all")
 """``--train.colocate`` modes (:func:`marti_ibrl.placement.placement`)."""

@@ -17,6 +17,7 @@ from marti_ibrl.config.schema import (
     COLOCATE,
     ENGINES,
     ESTIMATORS,
+    LR_SCHEDULES,
     VLLM_CPU_MIN_HEAD_DIM,
     Config,
     ConfigError,
@@ -228,6 +229,8 @@ def _validate_trained_role(cfg: Config, role: RoleConfig, p: str, exists: Existe
         )
     _need(role.lr > 0, f"{p}.lr", "must be > 0")
     _need(role.lr_warmup_steps >= 0, f"{p}.lr_warmup_steps", "must be >= 0")
+    _need(role.lr_schedule in LR_SCHEDULES, f"{p}.lr_schedule", f"must be one of {LR_SCHEDULES}")
+    _need(0 <= role.min_lr_ratio <= 1, f"{p}.min_lr_ratio", "must be in [0, 1]")
     _need(role.update_every >= 1, f"{p}.update_every", "must be >= 1")
     _need(role.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
     _need(not role.colocate_ref or role.kl_coef > 0, f"{p}.colocate_ref", "no reference model to colocate (kl_coef 0)")
