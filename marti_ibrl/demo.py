@@ -119,7 +119,7 @@ def prepare(
     env, _ = make_env(env_cfg, seed)
     cfg = dict(settings["sft"])
     scenarios = generate_scenarios(cfg.pop("n_scenarios"), seed + 1)  # disjoint seed from RL's scenarios
-    records = sft_records(env, scenarios, sorted(TRAINING_BOTS), seed)
+    records = sft_records(env, scenarios, sorted(TRAINING_BOTS), seed, accept_share=cfg.pop("accept_share", 1.0))
     data = write_sft_data(out / "sft_data.jsonl", records)
     _step(f"{len(records)} SFT records from scripted negotiators -> {data}")
     t0 = time.perf_counter()

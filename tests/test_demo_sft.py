@@ -36,10 +36,39 @@ def test_the_record_names_the_architecture_built_for_the_engine() -> None:
     assert {k: v for k, v in vllm.items() if "heads" not in k} == {k: v for k, v in hf.items() if "heads" not in k}
 
 
-def test_the_vllm_capable_warm_start_trains_on_twice_the_dialogues_at_the_same_rate() -> None:
+def test_the_vllm_capable_warm_start_trains_on_twice_the_dialogues_at_the_same_rate_with_few_acceptances() -> None:
     hf, vllm = sft_settings(_env(), "tiny")["sft"], sft_settings(_env(), "tiny", engine="vllm")["sft"]
     assert vllm["n_scenarios"] == 2 * hf["n_scenarios"] == 12000
-    assert {k: v for k, v in vllm.items() if k != "n_scenarios"} == {k: v for k, v in hf.items() if k != "n_scenarios"}
+    assert (vllm["accept_share"], hf.get("accept_share", 1.0)) == (0.1, 1.0)
+    same = {"n_scenarios", "accept_share"}
+    assert {k: v for k, v in vllm.items() if k not in same} == {k: v for k, v in hf.items() if k not in same}
+
+
+def test_accept_share_drops_acceptances_only_from_the_accepting_roles_records() -> None:
+    """The same dialogues either way; with accept_share 0 no record teaches a ``<selection>`` that answers a
+    ``<try>``, every other assistant turn (offers, confirmations) is still taught."""
+    from marti_ibrl.envs.dond import TRAINING_BOTS, DondEnv, generate_scenarios
+    from marti_ibrl.sft import sft_records
+
+    env = DondEnv(max_rounds=5, prompt_style="compact", bot_speech="markers", show_complement=True)
+    scenarios, bots = generate_scenarios(64, 3), sorted(TRAINING_BOTS)
+
+    def taught(records):
+        turns = {"accept": 0, "other": 0}
+        for r in records:
+            m = r["messages"]
+            for prev, turn in zip(m, m[1:]):
+                if turn["role"] == "assistant":
+                    accept = "<selection>" in turn["content"] and "<try>" in prev["content"]
+                    turns["accept" if accept else "other"] += 1
+        return turns
+
+    full, none = taught(sft_records(env, scenarios, bots, 0)), taught(sft_records(env, scenarios, bots, 0, 0.0))
+    some = taught(sft_records(env, scenarios, bots, 0, 0.5))
+    assert full["accept"] > 40 and none["accept"] == 0 and 0 < some["accept"] < full["accept"]
+    assert none["other"] == full["other"]  # a dropped acceptance is the accepting record's last turn: nothing else goes
+    with pytest.raises(ValueError, match="accept_share"):
+        sft_records(env, scenarios, bots, 0, 1.5)
 
 
 def test_a_warm_start_made_otherwise_is_refused_with_the_command_that_remakes_it(tmp_path) -> None:
