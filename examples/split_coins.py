@@ -51,5 +51,9 @@ class SplitCoins:
         info = {"fault_role": state.fault_role, "reason": state.reason}
         return Outcome(agreed=state.agreed, malformed=state.fault_role is not None, utilities=utilities, info=info)
 
+    def scripted_players(self):  # optional: `marti-ibrl sft --env` makes a warm start from their dialogues
+        return {"fair": lambda pot, role, history, rng: f"OFFER {pot // 2}" if role == "proposer" else "ACCEPT",
+                "stingy": lambda pot, role, history, rng: "OFFER 1" if role == "proposer" else "REJECT"}  # fmt: skip
+
     def reward(self, state, role):
         return self.penalty if state.fault_role == role else self.outcome(state).utilities[role] / state.pot

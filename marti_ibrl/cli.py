@@ -1,5 +1,5 @@
 """``marti-ibrl``: train | plan | eval | diagnose | report | show | demo | patch | model | export-merged | play | annotate, and
-the environments' own (``dond sample / check-data``, ``telesales profiles / eval``, ``sft``).
+the environments' own (``dond sample / check-data``, ``telesales sft / profiles / eval``), ``sft`` (any game's warm start).
 
 Every subcommand lives in :mod:`marti_ibrl.commands`, one module each (its parser ``add_*_parser(sub)`` and its
 handler, stored as ``args.func``), added by :func:`build_parser`; the environments' are added by their registry
@@ -26,7 +26,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand, in ``--help`` order: training, the environments' own, planning, evaluation, the rest."""
-    from marti_ibrl.commands import demo, diagnose, export_merged, model, patch, people, plan, report, show, train
+    from marti_ibrl.commands import demo, diagnose, export_merged, model, patch, people, plan, report, sft, show, train
     from marti_ibrl.commands import eval as evaluation
     from marti_ibrl.envs import registry
 
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_report_parser(sub)
     show.add_show_parser(sub)
     demo.add_demo_parser(sub)
+    sft.add_sft_parser(sub)
     patch.add_patch_parser(sub)
     model.add_model_parser(sub)
     export_merged.add_export_merged_parser(sub)
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:  # a usage error is one line and exit 2 (Parser.error), --help exit 0: returned, as a handler's code
         args, rest = parser.parse_known_args(argv)
-        if args.command in ("train", "plan", "demo"):
+        if args.command in ("train", "plan", "demo", "sft"):
             args.flags = rest  # dotted flags are the config's business (marti_ibrl.config.load_config)
         elif rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

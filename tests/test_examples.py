@@ -191,7 +191,8 @@ def test_the_python_api_example_trains_and_reports(tmp_path):
 
 @pytest.mark.slow
 def test_split_coins_trains_then_is_evaluated_and_diagnosed(tmp_path, monkeypatch, capsys):
-    """What docs/environments.md promises a new game: ``train`` (2 iterations, a checkpoint after each), ``eval
+    """What docs/environments.md promises a new game: ``sft`` (a warm start from its scripted players' dialogues),
+    ``train`` (2 iterations, a checkpoint after each), ``eval
     --run`` (each policy in its role, against the other), ``diagnose`` (each checkpoint against the other role's
     start and its same-step partner) and ``show`` (what they said), all with the project's commands."""
     import json
@@ -206,7 +207,15 @@ def test_split_coins_trains_then_is_evaluated_and_diagnosed(tmp_path, monkeypatc
 
     corpus = [PROMPT.format(pot=p, role=r) for p in range(4, 13) for r in ("proposer", "responder")]
     corpus += [f"OFFER {k}" for k in range(13)] + ["ACCEPT", "REJECT"]
-    model = build_tiny_model(tmp_path / "tiny", corpus, vocab_size=300)
+    base = build_tiny_model(tmp_path / "tiny", corpus, vocab_size=300)
+    monkeypatch.setenv("PYTHONPATH", f"{EXAMPLES}:{Path(__file__).parent}")  # as a user runs it (workers too)
+    model = str(tmp_path / "sft")  # the warm start from the game's scripted players (docs/environments.md)
+    sft = ["sft", "--env", "split_coins:SplitCoins", "--pretrain", base, "--out", model, "--dialogues", "96"]
+    sft += ["--lr", "1e-2", "--batch-size", "4", "--micro-batch-size", "4", "--max-len", "256", "--epochs", "2"]
+    assert main(sft) == 0
+    made = json.loads((tmp_path / "sft" / "sft_record.json").read_text())
+    assert made["records"] == 2 * 96 and made["settings"]["players"] == ["fair", "stingy"]
+    assert made["loss"][1] < made["loss"][0] and made["valid_turns"]["sft"] > made["valid_turns"]["base"], made
     run = tmp_path / "run"
     train = [
         *("train", "--env.name", "split_coins:SplitCoins", "--role1.pretrain", model, "--role2.pretrain", model),
@@ -216,7 +225,6 @@ def test_split_coins_trains_then_is_evaluated_and_diagnosed(tmp_path, monkeypatc
         *("--rollout.max_len", "256", "--rollout.micro_batch_size", "4", "--train.micro_batch_size", "4"),
         *("--train.iterations", "2", "--ckpt.save_steps", "1", "--ckpt.path", str(run)),
     ]
-    monkeypatch.setenv("PYTHONPATH", f"{EXAMPLES}:{Path(__file__).parent}")  # as a user runs it (workers too)
     assert main(train) == 0
     ray.shutdown()
     out = run / "eval"

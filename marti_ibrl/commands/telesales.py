@@ -1,8 +1,8 @@
 """TeleSales commands: ``marti-ibrl telesales sft --role sales|customer``, ``telesales profiles`` and
 ``telesales eval``; :func:`add_telesales_parsers` adds all three (TeleSales'
-:class:`~marti_ibrl.envs.registry.EnvSpec` CLI hook, ``marti_ibrl/envs/telesales/spec.py``), and the old name
-``marti-ibrl sft``, which still works and says where the command went (the package ``marti_ibrl.sft`` is DoND's
-SFT data, so a top-level ``sft`` named the wrong game).
+:class:`~marti_ibrl.envs.registry.EnvSpec` CLI hook, ``marti_ibrl/envs/telesales/spec.py``). The old name
+``marti-ibrl sft --role R --transcripts F`` still works and says where the command went (``marti-ibrl sft`` is now
+any environment's warm start from scripted players: :mod:`marti_ibrl.commands.sft`).
 
 ``marti-ibrl telesales sft``: SFT initialisation of a TeleSales role from call transcripts (paper §5.1: both roles start from SFT
 checkpoints; transcript format and training views: :mod:`marti_ibrl.envs.telesales.transcripts`).
@@ -137,18 +137,17 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_sft_old_name(args: argparse.Namespace) -> int:
-    """``marti-ibrl sft``: the old name of ``marti-ibrl telesales sft``; runs it, after one line saying so."""
+    """``marti-ibrl sft --role R --transcripts F``: the old name of ``marti-ibrl telesales sft``; runs it, after one
+    line saying so."""
     print(f"marti-ibrl sft: note: this is {PROG} (TeleSales' SFT); the old name still works", file=sys.stderr)
     return cmd_sft(args)
 
 
-def add_sft_parser(subparsers: Any, old_name: bool = False) -> argparse.ArgumentParser:
-    """Wire ``sft`` into a ``subparsers`` (``telesales``'s; ``old_name``: the top-level ``marti-ibrl sft``)."""
+def add_sft_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Wire ``sft`` into ``telesales``' subparsers."""
     p = subparsers.add_parser(
         "sft",
-        help=f"the old name of {PROG}"
-        if old_name
-        else "SFT a role on call transcripts with OpenRLHF's SFT trainer (paper §5.1)",
+        help="SFT a role on call transcripts with OpenRLHF's SFT trainer (paper §5.1)",
         description=" ".join(__doc__.split("\n\n")[1:3]).replace("\n", " "),
     )
     p.add_argument("--role", required=True, help="sales | customer")
@@ -167,7 +166,7 @@ def add_sft_parser(subparsers: Any, old_name: bool = False) -> argparse.Argument
     p.add_argument(
         "--lenient", action="store_true", help="skip bad calls (each reported, then counted) instead of failing"
     )
-    p.set_defaults(func=cmd_sft_old_name if old_name else cmd_sft)
+    p.set_defaults(func=cmd_sft)
     return p
 
 
@@ -214,13 +213,13 @@ def add_profiles_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_telesales_parsers(subparsers: Any) -> None:
-    """Add ``telesales sft``, ``telesales profiles``, ``telesales eval`` (and the old name ``sft``) to ``subparsers``."""
+    """Add ``telesales sft``, ``telesales profiles``, ``telesales eval`` to ``subparsers`` (the old name ``marti-ibrl
+    sft --role R --transcripts F`` is a form of :mod:`marti_ibrl.commands.sft`, which runs :func:`cmd_sft_old_name`)."""
     telesales = subparsers.add_parser("telesales", help="Vehicle TeleSales: role SFT, profiles, held-out eval")
     telesales_sub = telesales.add_subparsers(dest="telesales_command", required=True)
     add_sft_parser(telesales_sub)
     add_profiles_parser(telesales_sub)
     add_telesales_eval_parser(telesales_sub)
-    add_sft_parser(subparsers, old_name=True)
 
 
 # ---- marti-ibrl telesales eval ----

@@ -69,18 +69,19 @@ class DialogueEnv(Protocol):
 
 def role_messages(env: Any, scenario: Any, history: Sequence[tuple[str, str]], role: str) -> list[dict]:
     """``role``'s chat: its system prompt, own turns as ``assistant``, the counterpart's as ``user`` (shown as the
-    rollout shows them, ``env.counterpart_text``). ``env``: any env with ``system_prompt`` and ``counterpart_text``
-    (DoND; TeleSales, :mod:`marti_ibrl.envs.telesales.transcripts`).
+    rollout shows them: ``env.counterpart_text`` when the env has one, else as said). ``env``: any env with
+    ``system_prompt`` (DoND; TeleSales, :mod:`marti_ibrl.envs.telesales.transcripts`; ``scripted_records``).
 
     Messages after the role's last own turn are dropped: a trailing ``user`` message carries no loss, and OpenRLHF's
     multiturn SFT dataset garbles it (:mod:`marti_ibrl.sft`); empty if the role never spoke.
     """
+    shown = getattr(env, "counterpart_text", None)  # optional in the contract: as said
     messages = [{"role": "system", "content": env.system_prompt(scenario, role)}]
     for speaker, text in history:
         if speaker == role:
             messages.append({"role": "assistant", "content": text})
         else:
-            messages.append({"role": "user", "content": env.counterpart_text(speaker, text, scenario)})
+            messages.append({"role": "user", "content": shown(speaker, text, scenario) if shown else text})
     while messages and messages[-1]["role"] != "assistant":
         messages.pop()
     return messages

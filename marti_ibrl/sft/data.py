@@ -1,4 +1,5 @@
-"""SFT data: scripted bot-vs-bot DoND dialogues as one chat record per role (``{"messages": [...]}``), JSONL.
+"""SFT data: an environment's scripted players' dialogues as one chat record per role (``{"messages": [...]}``),
+JSONL (:func:`scripted_records`, any environment with ``scripted_players()``; DoND's bots: :func:`sft_records`).
 
 Each record is the role's side of the dialogue exactly as the RL rollout renders it
 (:func:`marti_ibrl.envs.base.role_messages`); see :mod:`marti_ibrl.sft` for why records end with the role's own
@@ -10,12 +11,12 @@ import itertools
 import json
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from marti_ibrl.envs.base import role_messages
-from marti_ibrl.envs.dond import DondEnv, DondScenario, make_bot, play_dialogue
+from marti_ibrl.envs.dond import DondEnv, DondScenario
 from marti_ibrl.envs.dond.protocol import parse_utterance
 
 Record = dict[str, Any]
@@ -31,14 +32,77 @@ def rendering(env_cfg: Any) -> dict[str, Any]:
     return {k: get(k) for k in RENDERING_KEYS}
 
 
+Player = Callable[[Any, str, Sequence[tuple[str, str]], random.Random], str]
+"""A scripted player of an environment (``env.scripted_players()``, docs/environments.md): ``player(scenario, role,
+history, rng) -> text``, the next turn of ``role`` given the dialogue so far (``[(role, text), ...]``); it must only
+make turns the environment accepts."""
+
+
+def scripted_dialogue(
+    env: Any,
+    scenario: Any,
+    players: Mapping[str, Player],
+    seats: Sequence[str],
+    rng: random.Random,
+    max_turns: int = 200,
+) -> list[tuple[str, str]]:
+    """One dialogue of ``players`` (one per role) through the environment; its ``[(role, text), ...]``. A turn the
+    environment refuses, or no end within ``max_turns``, is a ``RuntimeError`` naming the player's role."""
+    state = env.new_state(scenario, tuple(seats))
+    history: list[tuple[str, str]] = []
+    for _ in range(max_turns):
+        role = env.current_role(state)
+        text = players[role](scenario, role, history, rng)
+        result = env.step(state, role, text)
+        if not result.valid:
+            raise RuntimeError(f"the scripted {role} made a turn the environment refuses ({result.reason}): {text!r}")
+        history.append((role, text))
+        if result.done:
+            return history
+    raise RuntimeError(f"a scripted dialogue did not end within {max_turns} turns")
+
+
+def scripted_records(
+    env: Any,
+    scenarios: Iterable[Any],
+    players: Mapping[str, Player],
+    seed: int,
+    cut: Callable[[list[tuple[str, str]]], tuple[str, int] | None] | None = None,
+) -> list[Record]:
+    """SFT records from the scripted players' dialogues, one per scenario, one record per role that spoke.
+
+    Dialogue ``i`` is played by the combination ``i mod n`` of ``players`` over the roles (every ordered choice,
+    self-play included; ``n = len(players) ** len(roles)``); the speaking order is ``env.fixed_seats`` when the
+    environment has one, else the opener rotates from one dialogue to the next and shifts every full cycle of
+    combinations, so each combination plays every seating. ``cut(history) -> (role, k)``: ``role``'s record of that
+    dialogue shows only its first ``k`` turns (None: all). Deterministic in ``seed``.
+    """
+    if not players:
+        raise ValueError("scripted_records needs at least one scripted player")
+    roles = tuple(env.roles)
+    combos = list(itertools.product(list(players), repeat=len(roles)))
+    fixed = getattr(env, "fixed_seats", None)
+    rng = random.Random(seed)
+    records: list[Record] = []
+    for i, scenario in enumerate(scenarios):
+        shift = (i + i // len(combos)) % len(roles)
+        seats = tuple(fixed) if fixed else roles[shift:] + roles[:shift]
+        by_role = {role: players[name] for role, name in zip(roles, combos[i % len(combos)], strict=True)}
+        history = scripted_dialogue(env, scenario, by_role, seats, random.Random(rng.randrange(2**31)))
+        short = cut(history) if cut is not None else None
+        for role in roles:
+            shown = history[: short[1]] if short is not None and short[0] == role else history
+            messages = role_messages(env, scenario, shown, role)
+            if len(messages) > 1:
+                records.append({"messages": messages})
+    return records
+
+
 def sft_records(
     env: DondEnv, scenarios: Iterable[DondScenario], bots: list[str], seed: int, accept_share: float = 1.0
 ) -> list[Record]:
-    """One scripted dialogue per scenario, two records (one per role) each: ``{"messages": [...]}``.
-
-    Dialogue ``i`` is played by the ordered bot pair ``i mod len(pairs)`` (every ordered pair of ``bots``, self-play
-    included), assigned to ``env.roles`` in that order; the opening seat alternates from one dialogue to the next and
-    flips every full cycle of pairs, so each pair plays both seatings. Deterministic in ``seed``.
+    """DoND's SFT records: :func:`scripted_records` of the scripted negotiators named ``bots`` (in that order; every
+    ordered pair plays both seatings). Deterministic in ``seed``.
 
     ``accept_share`` < 1: only that share of the dialogues (drawn from their own stream, so the dialogues played are
     those of 1.0) teaches the acceptance: in the others, the record of the role whose ``<selection>`` answered a
@@ -51,25 +115,19 @@ def sft_records(
         raise ValueError("sft_records needs at least one bot name")
     if not 0.0 <= accept_share <= 1.0:
         raise ValueError(f"accept_share must be in [0, 1], got {accept_share}")
-    pairs = list(itertools.product(bots, repeat=2))
-    rng = random.Random(seed)
+    known = env.scripted_players()
+    unknown = [b for b in bots if b not in known]
+    if unknown:
+        raise ValueError(f"unknown bot {unknown[0]!r}; known: {sorted(known)}")
     keep = random.Random(f"{seed}/accept")
-    roles = tuple(env.roles)
-    records: list[Record] = []
-    for i, scenario in enumerate(scenarios):
-        first, second = pairs[i % len(pairs)]
-        flip = (i + i // len(pairs)) % 2
-        seats = roles[::-1] if flip else roles
-        bots_by_role = {roles[0]: make_bot(first), roles[1]: make_bot(second)}
-        state, _ = play_dialogue(env, scenario, bots_by_role, seed=rng.randrange(2**31), seats=seats)
-        history = list(state.history)
-        accept = _acceptance(history) if accept_share < 1.0 and keep.random() >= accept_share else None
-        for role in roles:
-            shown = history[:accept] if accept is not None and history[accept][0] == role else history
-            messages = role_messages(env, scenario, shown, role)
-            if len(messages) > 1:
-                records.append({"messages": messages})
-    return records
+
+    def cut(history: list[tuple[str, str]]) -> tuple[str, int] | None:
+        if accept_share >= 1.0 or keep.random() < accept_share:
+            return None
+        k = _acceptance(history)
+        return None if k is None else (history[k][0], k)
+
+    return scripted_records(env, scenarios, {b: known[b] for b in bots}, seed, cut)
 
 
 def _acceptance(history: list[tuple[str, str]]) -> int | None:

@@ -1,0 +1,119 @@
+"""A warm start for any game: ``marti-ibrl sft --env NAME`` (:func:`warm_start`).
+
+An environment that ships scripted players (``scripted_players()``, docs/environments.md) gets its warm start the way
+DoND's demo gets its own: the players' dialogues (:func:`marti_ibrl.sft.data.scripted_records`, every combination of
+players over the roles, every seating) become one chat record per role, rendered exactly as the RL rollout renders
+them; OpenRLHF's SFT trainer fine-tunes the model on them (:func:`marti_ibrl.sft.train.run_sft`); and the model is
+checked before and after by self-play (:func:`marti_ibrl.sft.checks.valid_turns`: the share of sampled turns the
+environment accepts). ``OUT/sft_record.json`` says how it was made and what it reached.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from marti_ibrl.sft.checks import valid_turns
+from marti_ibrl.sft.data import scripted_records, write_sft_data
+from marti_ibrl.sft.train import run_sft, sft_loss_curve
+
+SFT_RECORD = "sft_record.json"
+DATA_FILE = "sft_data.jsonl"
+CHECK_SCENARIOS = 32
+"""Scenarios of the self-play check (their own seed), before and after."""
+CHECK_TURNS = 4
+"""Turns of each self-played dialogue in the check (fewer if it ends)."""
+
+
+def players_of(env: Any, names: Sequence[str] | None, title: str) -> dict[str, Any]:
+    """``env``'s scripted players, those named in ``names`` (all when None), in that order; ``ValueError`` with one
+    line when the env has none or a name is unknown."""
+    provide = getattr(env, "scripted_players", None)
+    if provide is None:
+        raise ValueError(
+            f"{title} has no scripted players to learn from: give its class a scripted_players() method "
+            "(docs/environments.md, 'A warm start')"
+        )
+    players = dict(provide())
+    if not players:
+        raise ValueError(f"{title}: scripted_players() returned no players")
+    unknown = [n for n in names or () if n not in players]
+    if unknown:
+        raise ValueError(f"--players: {title} has no scripted player {unknown[0]!r}; it has {', '.join(players)}")
+    return {n: players[n] for n in names} if names else players
+
+
+def warm_start(
+    env_cfg: Any,
+    pretrain: str,
+    out: str | Path,
+    *,
+    dialogues: int,
+    seed: int,
+    players: Sequence[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    command: str = "",
+    **hparams: Any,
+) -> dict[str, Any]:
+    """SFT ``pretrain`` on ``dialogues`` scripted dialogues of the environment ``env_cfg`` into ``out``; returns
+    (and writes to ``out/sft_record.json``) the record: settings, command, records, seconds, loss first/last, and
+    the share of valid self-played turns of the base and of the warm start.
+
+    The dialogues play the env's training scenarios for ``seed + 1`` (cycled when there are fewer), the check those
+    for ``seed + 2``: both apart from IB-RL's (``seed``). ``hparams``: :func:`run_sft`'s (epochs, lr, batch_size,
+    micro_batch_size, max_len). ``out`` must not hold a model (nothing is overwritten): ``ValueError``.
+    """
+    from dataclasses import asdict
+
+    from marti_ibrl.envs import make_env
+
+    out = Path(out)
+    if (out / "config.json").exists() or (out / SFT_RECORD).exists():
+        raise ValueError(f"--out {out} already holds a model; remove it or give another --out")
+    say = progress or (lambda line: None)
+    env, train = make_env(env_cfg, seed + 1)
+    chosen = players_of(env, players, env_cfg.name)
+    scenarios = [s for _, s in train]
+    if not scenarios:
+        raise ValueError(f"{env_cfg.name}: no training scenarios to play")
+    played = itertools.islice(itertools.cycle(scenarios), dialogues)
+    try:
+        records = scripted_records(env, played, chosen, seed)
+    except RuntimeError as e:  # a scripted player broke the env's rules
+        raise ValueError(f"{env_cfg.name}: {e}") from None
+    data = write_sft_data(out / DATA_FILE, records)
+    say(f"{len(records)} SFT records from {dialogues} dialogues of {', '.join(chosen)} -> {data}")
+    _, check = make_env(env_cfg, seed + 2)
+    check = [s for _, s in check][:CHECK_SCENARIOS]
+    base = valid_turns(pretrain, env, check, CHECK_TURNS, seed)["valid"]
+    t0 = time.perf_counter()
+    run_sft(pretrain, data, str(out), seed=seed, progress=progress, **hparams)
+    seconds = time.perf_counter() - t0
+    after = valid_turns(str(out), env, check, CHECK_TURNS, seed)
+    curve = sft_loss_curve(str(out))
+    record = {
+        "settings": {
+            "env": asdict(env_cfg),
+            "players": list(chosen),
+            "dialogues": dialogues,
+            "seed": seed,
+            "pretrain": str(pretrain),
+            "sft": hparams,
+        },
+        "command": command,
+        "records": len(records),
+        "seconds": round(seconds, 1),
+        "loss": [round(curve[0][1], 3), round(curve[-1][1], 3)] if curve else [],
+        "valid_turns": {"base": round(base, 3), "sft": round(after["valid"], 3)},
+        "dialogues_ended": round(after["ended"], 3),
+    }
+    (out / SFT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    say(
+        f"valid self-played turns ({len(check)} scenarios, up to {CHECK_TURNS} turns): {base:.0%} before, "
+        f"{after['valid']:.0%} after; {after['ended']:.0%} of the dialogues reached their end"
+    )
+    return record
