@@ -21,6 +21,11 @@ class TurnResult:
     valid: bool  # False: malformed (wrong format / impossible allocation); the runner may re-sample it
     done: bool  # the dialogue is over after this turn
     reason: str = ""  # why invalid / why done, for logs
+    shown: dict[str, str] | None = None
+    """What each role is shown after this turn, by role: a ``user`` message in its chat before its next turn, the
+    speaker's own included when the game owes it one (a TextArena game shows a player the board after its own move);
+    a role absent or given "" is shown nothing. None (every game of ours): each other role is shown the turn as
+    ``counterpart_text`` says (:func:`shown_after`)."""
 
 
 @dataclass
@@ -67,21 +72,32 @@ class DialogueEnv(Protocol):
         """The role's default (rule) reward for a finished dialogue."""
 
 
-def role_messages(env: Any, scenario: Any, history: Sequence[tuple[str, str]], role: str) -> list[dict]:
-    """``role``'s chat: its system prompt, own turns as ``assistant``, the counterpart's as ``user`` (shown as the
-    rollout shows them: ``env.counterpart_text`` when the env has one, else as said). ``env``: any env with
-    ``system_prompt`` (DoND; TeleSales, :mod:`marti_ibrl.envs.telesales.transcripts`; ``scripted_records``).
+def shown_after(env: Any, speaker: str, text: str, scenario: Any, shown: dict[str, str] | None) -> dict[str, str]:
+    """``{role: message}`` shown after ``speaker`` said ``text`` (:attr:`TurnResult.shown`): the env's own when it
+    gave them, else ``counterpart_text`` (or the text as said) to every other role. Empty messages are left out."""
+    if shown is not None:
+        return {role: message for role, message in shown.items() if message}
+    render = getattr(env, "counterpart_text", None)  # optional in the contract: as said
+    said = render(speaker, text, scenario) if render is not None else text
+    return {role: said for role in env.roles if role != speaker}
+
+
+def role_messages(env: Any, scenario: Any, history: Sequence[tuple], role: str) -> list[dict]:
+    """``role``'s chat: its system prompt, own turns as ``assistant``, what it was shown of each turn as ``user``
+    (:func:`shown_after`: ``env.counterpart_text`` of the others' turns by default). ``history``: ``(speaker, text)``
+    or ``(speaker, text, shown)`` with the turn's :attr:`TurnResult.shown`. ``env``: any env with ``system_prompt``
+    (DoND; TeleSales, :mod:`marti_ibrl.envs.telesales.transcripts`; ``scripted_records``).
 
     Messages after the role's last own turn are dropped: a trailing ``user`` message carries no loss, and OpenRLHF's
     multiturn SFT dataset garbles it (:mod:`marti_ibrl.sft`); empty if the role never spoke.
     """
-    shown = getattr(env, "counterpart_text", None)  # optional in the contract: as said
     messages = [{"role": "system", "content": env.system_prompt(scenario, role)}]
-    for speaker, text in history:
+    for speaker, text, *shown in history:
         if speaker == role:
             messages.append({"role": "assistant", "content": text})
-        else:
-            messages.append({"role": "user", "content": shown(speaker, text, scenario) if shown else text})
+        message = shown_after(env, speaker, text, scenario, shown[0] if shown else None).get(role)
+        if message:
+            messages.append({"role": "user", "content": message})
     while messages and messages[-1]["role"] != "assistant":
         messages.pop()
     return messages

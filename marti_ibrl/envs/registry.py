@@ -8,8 +8,8 @@ play any of its seats.
 
 Built-in specs live with their environment: ``dond`` and ``dond3`` in ``marti_ibrl/envs/dond/spec.py``,
 ``telesales`` in ``marti_ibrl/envs/telesales/spec.py`` (:data:`BUILTIN`), loaded on first use. A ``module:Class``
-name, an environment of your own (:mod:`marti_ibrl.envs.custom`), is resolved by :func:`get` and registered the same
-way. Importing this module imports no environment; factories, judges and commands import theirs when called.
+name, an environment of your own (:mod:`marti_ibrl.envs.custom`), and ``textarena:GAME-ID``, a TextArena two-player
+game (:mod:`marti_ibrl.envs.arena`), are resolved by :func:`get` and registered the same way. Importing this module imports no environment; factories, judges and commands import theirs when called.
 """
 
 from __future__ import annotations
@@ -55,6 +55,10 @@ def get(name: str) -> EnvSpec:
     ``ImportError``/``AttributeError``/``TypeError`` when it does not load) and registered, again on every call, so a
     reloaded module is seen; any other unregistered name raises :class:`UnknownEnvironment` listing the known ones."""
     _load_builtins()
+    if name.startswith("textarena:"):  # TextArena's two-player games (marti_ibrl/envs/arena.py)
+        from marti_ibrl.envs.arena import arena_spec
+
+        return register(arena_spec(name), replace=True)
     if ":" in name:
         from marti_ibrl.envs.custom import custom_spec
 

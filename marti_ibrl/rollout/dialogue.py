@@ -16,6 +16,7 @@ class Turn:
     logprobs: list[float]  # rollout log π_old(w) per generated token
     valid: bool  # the env accepted it (False only for a turn that stayed malformed)
     resamples: int = 0  # malformed attempts discarded before this one
+    shown: dict[str, str] | None = None  # what each role was shown after it (TurnResult.shown; None: the default)
 
 
 @dataclass

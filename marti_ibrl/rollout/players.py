@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
+from marti_ibrl.envs.base import shown_after
 from marti_ibrl.envs.dond.bots import TRAINING_BOTS, ScriptedNegotiator
 from marti_ibrl.envs.dond.heldout import HELDOUT_BOTS, phrase_around, split_surface, with_rounds
 from marti_ibrl.envs.dond.scenarios import DondScenario
@@ -58,17 +59,17 @@ def chat_messages(env: Any, traj: Trajectory, role: str) -> list[dict[str, str]]
     """OpenAI chat messages of ``traj`` so far from ``role``'s perspective.
 
     The system message is ``env.system_prompt(scenario, role)``; ``role``'s own turns are ``assistant`` messages,
-    every other role's turns ``user`` messages (passed through ``env.counterpart_text(speaker, text, scenario)`` when the
-    environment defines it). A dialogue ``role`` opens has no user message before its first assistant message.
+    what it was shown of each turn ``user`` messages (:func:`marti_ibrl.envs.base.shown_after`: by default every other
+    role's turns, through ``env.counterpart_text`` when the environment defines it). A dialogue ``role`` opens has no
+    user message before its first assistant message.
     """
     messages = [{"role": "system", "content": env.system_prompt(traj.scenario, role)}]
-    counterpart_text = getattr(env, "counterpart_text", None)
     for turn in traj.turns:
         if turn.role == role:
             messages.append({"role": "assistant", "content": turn.text})
-        else:
-            text = counterpart_text(turn.role, turn.text, traj.scenario) if counterpart_text is not None else turn.text
-            messages.append({"role": "user", "content": text})
+        shown = shown_after(env, turn.role, turn.text, traj.scenario, turn.shown).get(role)
+        if shown:
+            messages.append({"role": "user", "content": shown})
     return messages
 
 

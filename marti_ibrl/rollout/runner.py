@@ -51,7 +51,7 @@ from typing import Any
 
 import ray
 
-from marti_ibrl.envs.base import DialogueEnv, TurnResult
+from marti_ibrl.envs.base import DialogueEnv, TurnResult, shown_after
 from marti_ibrl.progress import bar as progress_bar
 from marti_ibrl.reward_types import RewardUnavailable, score
 from marti_ibrl.rollout.dialogue import Attempt, Trajectory, Turn
@@ -386,11 +386,11 @@ class DialogueRunner:
             return True
         if view is not None:
             view.add_own(out["token_ids"], out["logprobs"], finished=out["finish_reason"] == "stop")
-        shown = self.env.counterpart_text(role, text, traj.scenario) if hasattr(self.env, "counterpart_text") else text
-        for other, other_view in traj.views.items():
-            if other != role:
-                other_view.add_counterpart(shown)
-        traj.turns.append(Turn(role, text, list(out["token_ids"]), list(out["logprobs"]), result.valid, item.attempts))
+        for other, shown in shown_after(self.env, role, text, traj.scenario, result.shown).items():
+            if other in traj.views:
+                traj.views[other].add_counterpart(shown)
+        turn = Turn(role, text, list(out["token_ids"]), list(out["logprobs"]), result.valid, item.attempts, result.shown)
+        traj.turns.append(turn)
         item.attempts = 0
         if not result.valid:
             self.env.finish_malformed(traj.state, role)
