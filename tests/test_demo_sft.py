@@ -36,11 +36,12 @@ def test_the_record_names_the_architecture_built_for_the_engine() -> None:
     assert {k: v for k, v in vllm.items() if "heads" not in k} == {k: v for k, v in hf.items() if "heads" not in k}
 
 
-def test_the_vllm_capable_warm_start_trains_on_twice_the_dialogues_at_the_same_rate_with_few_acceptances() -> None:
+def test_the_vllm_capable_warm_start_trains_longer_at_the_same_rate_with_few_acceptances() -> None:
     hf, vllm = sft_settings(_env(), "tiny")["sft"], sft_settings(_env(), "tiny", engine="vllm")["sft"]
     assert vllm["n_scenarios"] == 2 * hf["n_scenarios"] == 12000
     assert (vllm["accept_share"], hf.get("accept_share", 1.0)) == (0.1, 1.0)
-    same = {"n_scenarios", "accept_share"}
+    assert (vllm["epochs"], hf["epochs"]) == (2, 1)
+    same = {"n_scenarios", "accept_share", "epochs"}
     assert {k: v for k, v in vllm.items() if k not in same} == {k: v for k, v in hf.items() if k not in same}
 
 

@@ -30,8 +30,9 @@ DEMO_SFT: dict[str, Any] = dict(
 # It learned the format (97% valid opening turns) but also to copy the complement shown with an offer: it closed 95%
 # of its deals in self-play, so IB-RL from it started at ~90% agreement with nothing left to learn (benchmarks/
 # sft_checkpoints.py: copying came at steps 600-750, before the format was reliable). So only 1 in 10 of its
-# dialogues teaches the acceptance (sft_records' accept_share); offers and confirmations are all taught.
-DEMO_SFT_VLLM: dict[str, Any] = {**DEMO_SFT, "n_scenarios": 12000, "accept_share": 0.1}
+# dialogues teaches the acceptance (sft_records' accept_share); offers and confirmations are all taught. One epoch of
+# that left 53-63% of its opening turns valid (offers beyond the item counts; 2026-12-06): two epochs.
+DEMO_SFT_VLLM: dict[str, Any] = {**DEMO_SFT, "n_scenarios": 12000, "accept_share": 0.1, "epochs": 2}
 # SmolLM2-135M-Instruct's warm start (``marti-ibrl demo --model smollm2-135m-instruct``, recipes/dond/smollm2-cpu.yaml:
 # compact prompt, natural-language bot turns, offers shown with their complement). A micro-batch of 4 records takes
 # ≈ 28 s on 2 cores, so 160 scenarios (320 records, 40 steps) ≈ 37 min; lr 1e-4, a usual rate for teaching a 135M
