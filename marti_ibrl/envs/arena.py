@@ -31,12 +31,13 @@ Refused in one line (:func:`check_game`): a game that is not two-player, and gam
 from __future__ import annotations
 
 import copy
-import importlib
-import inspect
+import importlib.util
 import random
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from marti_ibrl.envs.base import Outcome, TurnResult
@@ -90,7 +91,8 @@ def check_game(gid: str) -> None:
         raise GameRefused(f"textarena:{gid}: no such TextArena game (two-player games tested here: {two})")
     entry = ENV_REGISTRY[f"{gid}-raw"].entry_point
     module = entry.rpartition(":")[0] if isinstance(entry, str) else entry.__module__
-    source = inspect.getsource(importlib.import_module(module))
+    found = importlib.util.find_spec(module)  # read, not imported: some download their corpora on import
+    source = Path(found.origin).read_text(encoding="utf-8") if found and found.origin else ""
     fetches = [word for word in FETCHING if word in source]
     if fetches:
         raise GameRefused(f"textarena:{gid}: fetches data at run time ({fetches[0]}); not supported (no network on "
@@ -207,6 +209,24 @@ class TextArenaEnv:
     def reward(self, state: _Game, role: str) -> float:
         return float(state.rewards.get(ROLES.index(role), 0.0))
 
+    def scripted_players(self) -> dict[str, Any]:
+        """Scripted players of our own (TextArena ships none), for ``marti-ibrl sft --env textarena:GAME``: ``random``
+        plays a uniformly random legal move read from what its player was last shown (the moves TextArena lists:
+        ``Available Moves: '[0]', …``, ``Your available actions are: '[check]', …``); the iterated prisoner's
+        dilemma's talks, then picks; the negotiation offers one unit it holds for one it lacks, and accepts or denies
+        an offer at random. A game whose messages list no moves has none: :class:`GameRefused`."""
+        plays = {"IteratedPrisonersDilemma-v0": _prisoner, "SimpleNegotiation-v0": _negotiator}.get(self.gid, _listed)
+        if plays is _listed and not _moves(self.system_prompt(self.training_scenarios(0)[0][1], ROLES[0])):
+            first = self.training_scenarios(0)[0][1]
+            if not any(_moves(self.system_prompt(first, r)) for r in ROLES):
+                raise GameRefused(f"textarena:{self.gid}: no scripted players (its messages list no moves)")
+
+        def random_player(scenario: int, role: str, history: Any, rng: random.Random) -> str:
+            seen = [h[2].get(role, "") for h in history if len(h) > 2 and h[2]]
+            return plays([self.system_prompt(scenario, role), *[m for m in seen if m]], ROLES.index(role), rng)
+
+        return {"random": random_player}
+
     # -- helpers --------------------------------------------------------------------------------------------------
 
     @staticmethod
@@ -218,6 +238,36 @@ class TextArenaEnv:
         state.rewards = {int(pid): float(r) for pid, r in (ta_state.rewards or {}).items()}
         reasons = [info.get("reason") for info in ta_state.game_info.values() if info.get("reason")]
         state.reason = str(reasons[0] if reasons else getattr(ta_state, "info", {}).get("reason", "game over"))
+
+
+def _moves(text: str) -> list[str]:
+    """The moves a TextArena message lists, quoted: ``'[4]'``, ``'[check]'``."""
+    return re.findall(r"'(\[[^\]']+\])'", text)
+
+
+def _listed(shown: list[str], pid: int, rng: random.Random) -> str:
+    """A random move of those listed on the latest line that lists any (a line describing a move quotes one too,
+    but the list of legal moves comes after it)."""
+    for line in reversed("\n".join(shown).splitlines()):
+        if moves := _moves(line):
+            return rng.choice(moves)
+    raise RuntimeError("no move listed in what the player was shown")
+
+
+def _prisoner(shown: list[str], pid: int, rng: random.Random) -> str:
+    """The iterated prisoner's dilemma: a word in the talks, a random pick when asked to decide."""
+    if "Please reply with" in shown[-1]:
+        return rng.choice(["[Cooperate]", "[Defect]"])
+    return rng.choice(["Let's both cooperate.", "I will play fair.", "Your move."])
+
+
+def _negotiator(shown: list[str], pid: int, rng: random.Random) -> str:
+    """Simple Negotiation: answers an offer made to it at random, else offers one unit it holds for one it lacks."""
+    if f"made the following offer to Player {pid}" in shown[-1]:
+        return rng.choice(["[Accept]", "[Deny]"])
+    held = re.findall(r"\[(\w+)\]\s+Qty:\s*(\d+)", shown[0])
+    give, want = rng.sample([name for name, _ in held], 2)
+    return f"[Offer: 1 {give} -> 1 {want}]"
 
 
 def _last_admin(messages: list) -> str:

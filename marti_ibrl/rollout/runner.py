@@ -389,7 +389,9 @@ class DialogueRunner:
         for other, shown in shown_after(self.env, role, text, traj.scenario, result.shown).items():
             if other in traj.views:
                 traj.views[other].add_counterpart(shown)
-        turn = Turn(role, text, list(out["token_ids"]), list(out["logprobs"]), result.valid, item.attempts, result.shown)
+        turn = Turn(
+            role, text, list(out["token_ids"]), list(out["logprobs"]), result.valid, item.attempts, result.shown
+        )
         traj.turns.append(turn)
         item.attempts = 0
         if not result.valid:

@@ -45,18 +45,19 @@ def scripted_dialogue(
     seats: Sequence[str],
     rng: random.Random,
     max_turns: int = 200,
-) -> list[tuple[str, str]]:
-    """One dialogue of ``players`` (one per role) through the environment; its ``[(role, text), ...]``. A turn the
-    environment refuses, or no end within ``max_turns``, is a ``RuntimeError`` naming the player's role."""
+) -> list[tuple]:
+    """One dialogue of ``players`` (one per role) through the environment; its ``[(role, text), ...]`` (``(role, text,
+    shown)`` where the env says what each role is shown: ``TurnResult.shown``). A turn the environment refuses, or
+    no end within ``max_turns``, is a ``RuntimeError`` naming the player's role."""
     state = env.new_state(scenario, tuple(seats))
-    history: list[tuple[str, str]] = []
+    history: list[tuple] = []
     for _ in range(max_turns):
         role = env.current_role(state)
         text = players[role](scenario, role, history, rng)
         result = env.step(state, role, text)
         if not result.valid:
             raise RuntimeError(f"the scripted {role} made a turn the environment refuses ({result.reason}): {text!r}")
-        history.append((role, text))
+        history.append((role, text) if result.shown is None else (role, text, result.shown))
         if result.done:
             return history
     raise RuntimeError(f"a scripted dialogue did not end within {max_turns} turns")
@@ -67,7 +68,7 @@ def scripted_records(
     scenarios: Iterable[Any],
     players: Mapping[str, Player],
     seed: int,
-    cut: Callable[[list[tuple[str, str]]], tuple[str, int] | None] | None = None,
+    cut: Callable[[list[tuple]], tuple[str, int] | None] | None = None,
 ) -> list[Record]:
     """SFT records from the scripted players' dialogues, one per scenario, one record per role that spoke.
 
