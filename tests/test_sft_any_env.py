@@ -51,10 +51,11 @@ def test_a_scripted_player_that_breaks_the_rules_is_named(coins) -> None:
 
 def test_rotating_seats_when_the_env_fixes_none() -> None:
     from marti_ibrl.envs.dond import TRAINING_BOTS, DondEnv, generate_scenarios
+    from marti_ibrl.envs.dond.bots import scripted_players
 
     env = DondEnv(max_rounds=5, prompt_style="compact", bot_speech="markers")
-    players = {n: p for n, p in env.scripted_players().items() if n in ("fair", "greedy")}
-    assert sorted(env.scripted_players()) == sorted(TRAINING_BOTS)
+    players = {n: p for n, p in scripted_players(env).items() if n in ("fair", "greedy")}
+    assert sorted(scripted_players(env)) == sorted(TRAINING_BOTS)
     records = scripted_records(env, generate_scenarios(8, 1), players, seed=0)
     openers = [r["messages"][1]["role"] for r in records[::2]]  # agent1's record: does it open (assistant first)?
     assert openers == ["assistant", "user"] * 2 + ["user", "assistant"] * 2  # flips each dialogue, shifts per cycle

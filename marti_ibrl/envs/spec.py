@@ -44,6 +44,9 @@ class EnvSpec:
     """``EnvConfig`` fields only some environments read (``show_complement``); set for any other env, refused."""
     training_bots: Callable[[], Collection[str]] | None = None
     """Names of the scripted bots ``--roleN.frozen bot:NAME`` may name; None: the env has no bots."""
+    scripted_players: Callable[[Any], dict[str, Any]] | None = None
+    """``scripted_players(env) -> {name: player}``: the env's scripted players when its class has no
+    ``scripted_players()`` method (DoND: its negotiators); what ``marti-ibrl sft --env`` learns from."""
     evaluate: Callable[[Any], int] | None = None
     """``evaluate(args) -> exit status``: ``marti-ibrl eval --env NAME`` on its parsed arguments (policies vs
     counterparts, the protocol from ``--run``); None: ``marti-ibrl eval`` does not evaluate it."""

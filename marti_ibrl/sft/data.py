@@ -17,6 +17,7 @@ from typing import Any
 
 from marti_ibrl.envs.base import role_messages
 from marti_ibrl.envs.dond import DondEnv, DondScenario
+from marti_ibrl.envs.dond.bots import scripted_players as negotiators
 from marti_ibrl.envs.dond.protocol import parse_utterance
 
 Record = dict[str, Any]
@@ -116,7 +117,7 @@ def sft_records(
         raise ValueError("sft_records needs at least one bot name")
     if not 0.0 <= accept_share <= 1.0:
         raise ValueError(f"accept_share must be in [0, 1], got {accept_share}")
-    known = env.scripted_players()
+    known = negotiators(env)
     unknown = [b for b in bots if b not in known]
     if unknown:
         raise ValueError(f"unknown bot {unknown[0]!r}; known: {sorted(known)}")

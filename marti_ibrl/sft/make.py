@@ -30,9 +30,14 @@ CHECK_TURNS = 4
 
 
 def players_of(env: Any, names: Sequence[str] | None, title: str) -> dict[str, Any]:
-    """``env``'s scripted players, those named in ``names`` (all when None), in that order; ``ValueError`` with one
-    line when the env has none or a name is unknown."""
-    provide = getattr(env, "scripted_players", None)
+    """The scripted players of ``env`` (the environment ``title`` names): its class's ``scripted_players()``, else its
+    registry spec's; those named in ``names`` (all when None), in that order. ``ValueError`` with one line when it has
+    none or a name is unknown."""
+    from marti_ibrl.envs import registry
+
+    spec = registry.get(title)
+    own = getattr(env, "scripted_players", None)
+    provide = own if own is not None else (lambda: spec.scripted_players(env)) if spec.scripted_players else None
     if provide is None:
         raise ValueError(
             f"{title} has no scripted players to learn from: give its class a scripted_players() method "

@@ -213,6 +213,24 @@ def make_bot(name: str) -> ScriptedNegotiator:
     return TRAINING_BOTS[name]()
 
 
+def scripted_players(env: DondEnv) -> dict[str, Callable[..., str]]:
+    """The scripted negotiators (:data:`TRAINING_BOTS`) as the contract's players of ``env`` (``player(scenario, role,
+    history, rng) -> text``, spoken as ``env.bot_utterance`` says): what ``marti-ibrl sft --env dond`` and the demo's
+    warm start learn from (DoND's :class:`~marti_ibrl.envs.spec.EnvSpec` ``scripted_players``)."""
+    roles = tuple(env.roles)
+
+    def player(name: str) -> Callable[..., str]:
+        bot = make_bot(name)  # stateless: every turn is computed from the history
+
+        def turn(scenario: DondScenario, role: str, history: Sequence[tuple], rng: random.Random) -> str:
+            said = [(roles.index(h[0]), h[1]) for h in history]
+            return env.bot_utterance(bot.respond(scenario, roles.index(role), said, rng))
+
+        return turn
+
+    return {name: player(name) for name in sorted(TRAINING_BOTS)}
+
+
 def play_dialogue(
     env: DondEnv,
     scenario: DondScenario,

@@ -228,25 +228,6 @@ class DondEnv(DondRules):
             return text
         return f"{text} (you get {format_body(complement(scenario.counts, action.alloc))})"
 
-    def scripted_players(self) -> dict[str, Any]:
-        """The scripted negotiators (:data:`marti_ibrl.envs.dond.bots.TRAINING_BOTS`) as the contract's players
-        (``player(scenario, role, history, rng) -> text``, spoken as :meth:`bot_utterance` says): what ``marti-ibrl
-        sft`` and the demo's warm start learn from."""
-        from marti_ibrl.envs.dond.bots import TRAINING_BOTS, make_bot
-
-        roles = tuple(self.roles)
-
-        def player(name: str) -> Any:
-            bot = make_bot(name)  # stateless: every turn is computed from the history
-
-            def turn(scenario: DondScenario, role: str, history: Sequence[tuple[str, str]], rng: Any) -> str:
-                said = [(roles.index(r), text) for r, text in history]
-                return self.bot_utterance(bot.respond(scenario, roles.index(role), said, rng))
-
-            return turn
-
-        return {name: player(name) for name in sorted(TRAINING_BOTS)}
-
     def new_state(self, scenario: DondScenario, seats: Sequence[str] | None = None) -> DondState:
         """A fresh dialogue; ``seats`` (default: ``roles``) is a permutation of the roles."""
         return DondState(scenario=scenario, seats=self._seats(scenario, seats))

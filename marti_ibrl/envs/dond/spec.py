@@ -56,6 +56,13 @@ def training_bots() -> Any:
     return TRAINING_BOTS
 
 
+def scripted_players(env: Any) -> Any:
+    """The scripted negotiators as players of ``env`` (``marti-ibrl sft --env dond``)."""
+    from marti_ibrl.envs.dond.bots import scripted_players as players
+
+    return players(env)
+
+
 def add_commands(subparsers: Any) -> None:
     """``marti-ibrl dond sample`` and ``dond check-data``."""
     from marti_ibrl.commands.dond import add_dond_subparsers
@@ -85,6 +92,7 @@ DOND = EnvSpec(
     commands=add_commands,
     options=frozenset({"show_complement"}),
     training_bots=training_bots,
+    scripted_players=scripted_players,
     evaluate=evaluate,
     play=play_game,
     interchangeable_roles=True,
