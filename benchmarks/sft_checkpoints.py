@@ -22,9 +22,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--every", type=int, default=75)
     p.add_argument("--out", default="runs/sft_checkpoints")
+    p.add_argument("--results", default="sft_checkpoints.json", help="file name under benchmarks/results/")
     args = p.parse_args()
     out = Path(args.out)
-    cfg = {k: v for k, v in DEMO_SFT_VLLM.items() if k != "n_scenarios"}
+    cfg = {k: v for k, v in DEMO_SFT_VLLM.items() if k not in ("n_scenarios", "accept_share")}  # the data's own
     run_sft("runs/demo/tiny", "runs/demo/sft_data.jsonl", str(out), seed=0,
             extra_args=["--ckpt.save_steps", str(args.every), "--ckpt.save_hf"], **cfg)  # fmt: skip
     env = DondEnv(max_rounds=5, prompt_style="compact", bot_speech="markers", show_complement=True)
@@ -36,8 +37,9 @@ def main() -> None:
                      "protocol_6_turns": round(r["protocol"], 3), "closing_answers": round(r["complement"], 3),
                      "answers": int(r["n_answers"])})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
-    results = Path(__file__).parent / "results" / "sft_checkpoints.json"
-    results.write_text(json.dumps({"checkpoints": rows}, indent=1) + "\n")
+    results = Path(__file__).parent / "results" / args.results
+    what = f"DEMO_SFT_VLLM {json.dumps(DEMO_SFT_VLLM)}, a checkpoint every {args.every} steps"
+    results.write_text(json.dumps({"what": what, "checkpoints": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
