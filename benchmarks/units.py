@@ -10,9 +10,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str:
-    """The checkout's short commit, ``+dirty`` with uncommitted changes to tracked files."""
+    """The checkout's short commit, ``+dirty`` with uncommitted changes to tracked files (other than
+    ``benchmarks/results/``)."""
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
+    dirty = subprocess.run(  # the benchmarks' own result files (written as their units finish) are not the code
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results"],
+        cwd=ROOT,
+        capture_output=True,
+    )
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
