@@ -31,7 +31,8 @@ DEMO_SFT: dict[str, Any] = dict(
 # of its deals in self-play, so IB-RL from it started at ~90% agreement with nothing left to learn (benchmarks/
 # sft_checkpoints.py: copying came at steps 600-750, before the format was reliable). So only 1 in 10 of its
 # dialogues teaches the acceptance (sft_records' accept_share); offers and confirmations are all taught. One epoch of
-# that left 53-63% of its opening turns valid (offers beyond the item counts; 2026-12-06): two epochs.
+# that left 53-63% of its opening turns valid (offers beyond the item counts; 2026-12-06): two epochs, 100% valid
+# opening turns and 11 answers to an offer in 373 self-played turns (recipes/dond/tiny-sft-vllm/demo_sft.json).
 DEMO_SFT_VLLM: dict[str, Any] = {**DEMO_SFT, "n_scenarios": 12000, "accept_share": 0.1, "epochs": 2}
 # SmolLM2-135M-Instruct's warm start (``marti-ibrl demo --model smollm2-135m-instruct``, recipes/dond/smollm2-cpu.yaml:
 # compact prompt, natural-language bot turns, offers shown with their complement). A micro-batch of 4 records takes
