@@ -20,7 +20,6 @@ Run it in a clone of its own (AGENTS: long benchmarks never share a tree with ``
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
@@ -28,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from units import LoadMeter, busy, commit, write_unit
+from units import LoadMeter, busy, commit, unit_parser, write_unit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -197,11 +196,8 @@ def report(units: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/demo_seeds", help="where the runs go (not kept in the repository)")
+    p = unit_parser(__doc__, "runs/demo_seeds", "seed")
     p.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
-    p.add_argument("--rerun", action="store_true", help="run a seed again even when its results file exists")
-    p.add_argument("--report-only", action="store_true", help="rebuild the report from benchmarks/results only")
     args = p.parse_args(argv)
     UNITS.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)

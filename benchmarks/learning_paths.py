@@ -33,14 +33,13 @@ path's agreement curve) is rebuilt from those files (``--report-only``). Run it 
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from units import LoadMeter, commit, write_unit
+from units import LoadMeter, commit, unit_parser, write_unit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -199,12 +198,9 @@ def report(units: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/learning_paths", help="where the runs go (not kept in the repository)")
+    p = unit_parser(__doc__, "runs/learning_paths", "unit")
     p.add_argument("--paths", nargs="*", default=list(PATHS), choices=list(PATHS))
     p.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
-    p.add_argument("--rerun", action="store_true", help="run a unit again even when its results file exists")
-    p.add_argument("--report-only", action="store_true", help="rebuild the report from benchmarks/results only")
     args = p.parse_args(argv)
     UNITS.mkdir(parents=True, exist_ok=True)
     if not args.report_only:

@@ -19,14 +19,13 @@ the units (``--report-only``). Run in a clone of its own:
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from units import LoadMeter, commit, write_unit
+from units import LoadMeter, commit, unit_parser, write_unit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -186,11 +185,8 @@ def report(units: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from marti_ibrl.envs.arena import VERIFIED
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/textarena_games", help="where the runs go (not kept in the repository)")
+    p = unit_parser(__doc__, "runs/textarena_games", "game")
     p.add_argument("--games", nargs="*", default=list(VERIFIED), choices=list(VERIFIED))
-    p.add_argument("--rerun", action="store_true", help="run a game again even when its results file exists")
-    p.add_argument("--report-only", action="store_true", help="rebuild the report from benchmarks/results only")
     args = p.parse_args(argv)
     UNITS.mkdir(parents=True, exist_ok=True)
     if not args.report_only:

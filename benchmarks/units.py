@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from pathlib import Path
@@ -66,3 +67,12 @@ def busy(unit: dict, own_load: float) -> bool:
     keep busy, measured alone) plus one core. Units without a record are taken as alone."""
     load = unit.get("load_average")
     return load is not None and load > own_load + 1.0
+
+
+def unit_parser(doc: str, out: str, unit: str = "unit") -> argparse.ArgumentParser:
+    """The command line every unit benchmark shares: ``--out`` (where its runs go), ``--rerun``, ``--report-only``."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--out", default=out, help="where the runs go (not kept in the repository)")
+    p.add_argument("--rerun", action="store_true", help=f"run a {unit} again even when its results file exists")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from benchmarks/results only")
+    return p
