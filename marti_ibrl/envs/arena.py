@@ -166,6 +166,7 @@ class TextArenaEnv:
             game = _Game(env=_make(self.gid), rng=random.Random(scenario).getstate())
             with _stream(game):
                 game.env.reset(num_players=2, seed=scenario)
+            # one scenario kept: a dialogue asks for both roles' prompts together, and the next dialogue's differ
             self._prompts = {scenario: {pid: _render(game.env.state.observations[pid], pid) for pid in (0, 1)}}
         return self._prompts[scenario][ROLES.index(role)]
 
@@ -216,10 +217,9 @@ class TextArenaEnv:
         dilemma's talks, then picks; the negotiation offers one unit it holds for one it lacks, and accepts or denies
         an offer at random. A game whose messages list no moves has none: :class:`GameRefused`."""
         plays = {"IteratedPrisonersDilemma-v0": _prisoner, "SimpleNegotiation-v0": _negotiator}.get(self.gid, _listed)
-        if plays is _listed and not _moves(self.system_prompt(self.training_scenarios(0)[0][1], ROLES[0])):
-            first = self.training_scenarios(0)[0][1]
-            if not any(_moves(self.system_prompt(first, r)) for r in ROLES):
-                raise GameRefused(f"textarena:{self.gid}: no scripted players (its messages list no moves)")
+        first = self.training_scenarios(0)[0][1]
+        if plays is _listed and not any(_moves(self.system_prompt(first, r)) for r in ROLES):
+            raise GameRefused(f"textarena:{self.gid}: no scripted players (its messages list no moves)")
 
         def random_player(scenario: int, role: str, history: Any, rng: random.Random) -> str:
             seen = [h[2].get(role, "") for h in history if len(h) > 2 and h[2]]
