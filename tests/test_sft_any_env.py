@@ -92,6 +92,8 @@ def test_sft_refuses_bad_input_in_one_line_before_training(tmp_path, monkeypatch
         assert _sft(tmp_path, *argv) == 2, argv
         err = _one_line(capsys)
         assert len(err) == 1 and err[0].startswith("marti-ibrl sft: error: ") and why in err[0], (argv, err)
+    assert main(["sft", "--env", "dond", "--pretrain", str(tmp_path / "none"), "--out", str(tmp_path / "sft")]) == 2
+    assert "--pretrain " + str(tmp_path / "none") + ": not a Hugging Face model directory" in capsys.readouterr().err
     assert not trained and not (tmp_path / "sft").exists()
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "config.json").write_text("{}")

@@ -15,6 +15,7 @@ SFT on call transcripts) and still works, after one line saying so.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -65,6 +66,8 @@ def make(args: argparse.Namespace, flags: list[str]) -> int:
         return _fail(f"{other[0]}: only --env.KEY VALUE flags set the environment here")
     if any(f.split("=")[0] == "--env.name" for f in flags):
         return _fail("give the environment as --env NAME")
+    if not os.path.isfile(os.path.join(args.pretrain, "config.json")):
+        return _fail(f"--pretrain {args.pretrain}: not a Hugging Face model directory (no config.json)")
     try:
         roles = env_roles(args.env)
         pretrain = [x for i in range(len(roles)) for x in (f"--role{i + 1}.pretrain", args.pretrain)]
