@@ -236,7 +236,7 @@ def test_split_coins_trains_then_is_evaluated_and_diagnosed(tmp_path, monkeypatc
     proposer = pairs["p", "policy:r"]["roles"]
     assert list(proposer) == ["proposer"] and proposer["proposer"]["n"] == 4
     ends = proposer["proposer"]["reasons"]
-    assert sum(ends.values()) == 4 and set(ends) <= {"accepted", "rejected", "malformed"}, ends
+    assert sum(ends.values()) == 4 and set(ends) <= {"accept", "reject", "malformed"}, ends  # SplitCoins.step's reasons
     responder = pairs["r", "policy:p"]["roles"]["responder"]
     assert responder["reward"] == pytest.approx(proposer["proposer"]["counterpart_reward"])  # the same games
     assert "| p | proposer |" in (out / "tables.md").read_text()
