@@ -152,9 +152,7 @@ class TextArenaEnv:
     # -- the contract ---------------------------------------------------------------------------------------------
 
     def new_state(self, scenario: int, seats: Any = None) -> _Game:
-        game = _Game(env=_make(self.gid), rng=random.Random(scenario).getstate())
-        with _stream(game):
-            game.env.reset(num_players=2, seed=scenario)
+        game = self._reset(scenario)
         for pid in (0, 1):  # what reset queued is the system prompt: not shown again
             game.env.state.observations[pid] = []
         self._end_if_over(game)
@@ -163,9 +161,7 @@ class TextArenaEnv:
     def system_prompt(self, scenario: int, role: str) -> str:
         """Every message TextArena gives the role's player at reset (rules, private information, first board)."""
         if scenario not in self._prompts:
-            game = _Game(env=_make(self.gid), rng=random.Random(scenario).getstate())
-            with _stream(game):
-                game.env.reset(num_players=2, seed=scenario)
+            game = self._reset(scenario)
             # one scenario kept: a dialogue asks for both roles' prompts together, and the next dialogue's differ
             self._prompts = {scenario: {pid: _render(game.env.state.observations[pid], pid) for pid in (0, 1)}}
         return self._prompts[scenario][ROLES.index(role)]
@@ -228,6 +224,13 @@ class TextArenaEnv:
         return {"random": random_player}
 
     # -- helpers --------------------------------------------------------------------------------------------------
+
+    def _reset(self, scenario: int) -> _Game:
+        """A fresh game of ``scenario``: TextArena's env reset with that seed, in the game's own random stream."""
+        game = _Game(env=_make(self.gid), rng=random.Random(scenario).getstate())
+        with _stream(game):
+            game.env.reset(num_players=2, seed=scenario)
+        return game
 
     @staticmethod
     def _end_if_over(state: _Game) -> None:
