@@ -67,10 +67,17 @@ class OutputLock:
                 time.sleep(0.5)
 
     def _acquire(self) -> OutputLock:
-        made = not self.path.parent.exists()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        made = False
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if not self.path.parent.exists():
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                made = True
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                if self.path.parent.exists():
+                    raise
+                continue  # a holder that let go removed the directory it had made, left empty: make it again
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -88,6 +88,28 @@ def test_a_second_holder_may_wait_for_the_first_to_let_go(tmp_path, capsys) -> N
         holder2.stop()
 
 
+def test_a_directory_removed_by_a_holder_letting_go_is_made_again(tmp_path, monkeypatch) -> None:
+    """The race CI met (stop 58): a waiter saw the directory, then the holder let go and removed the directory it
+    had made, left empty, before the waiter opened its lock file there. The waiter makes it again and takes the lock."""
+    import marti_ibrl.outputs as outputs
+
+    out = tmp_path / "run"
+    out.mkdir()
+    real_open, calls = os.open, []
+
+    def open_after_the_holder_let_go(path, *args):
+        if not calls:
+            out.rmdir()  # the holder's release, between the waiter's look at the directory and its open
+        calls.append(path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(outputs.os, "open", open_after_the_holder_let_go)
+    with OutputLock(out, "--ckpt.path") as lock:
+        assert lock.held and len(calls) == 2
+        assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert not out.exists()  # made again by this lock, left empty: removed on release
+
+
 def test_a_killed_holders_lock_is_taken_over_and_said(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     holder = Holder(out, "--ckpt.path")
