@@ -31,7 +31,7 @@ def _trainer(tmp_path, engines: dict[str, list[str]], pool_engines: list[str] | 
         for r in engines
     }
     t.topology = {"trained": {r: {"weight_sync": "gloo"} for r in engines}}
-    t.pools, t.pool_loaded = {}, {}
+    t.snapshots = SimpleNamespace(pools={}, loaded={})  # the pools and the snapshot each role's pool engines hold
     # the separate layout: reading engines wakes nothing (a colocated run wakes their weights first)
     t.hybrid = SimpleNamespace(wake_for_reading=lambda k, roles: None)
     return t
@@ -68,7 +68,7 @@ def test_a_pool_engine_is_checked_against_its_snapshot_file(tmp_path) -> None:
     pool.members.append(Snapshot("agent1", 1, 1, pool.path_for(1).name, "0" * 64, 1, 0.1))
     digest = params_digest(weights.items())
     t = _trainer(tmp_path, {"agent1": ["agent1-actor"]}, pool_engines=[digest])
-    t.pools, t.pool_loaded = {"agent1": pool}, {"agent1": 1}
+    t.snapshots.pools, t.snapshots.loaded = {"agent1": pool}, {"agent1": 1}
     t.check_sync(2)
     assert _lines(tmp_path)[0] == {
         "iteration": 2,

@@ -353,14 +353,14 @@ def test_train_fails_early_when_no_first_prompt_fits_max_len(tmp_path: Path, mon
     --rollout.max_len with the prompt's size and the cap it needs, before Ray starts or the run dir is written."""
     from transformers import AutoTokenizer
 
-    from marti_ibrl import trainer
     from marti_ibrl.cli import main
     from marti_ibrl.envs import make_env
     from marti_ibrl.rollout.render import RoleView
     from marti_ibrl.tiny import build_tiny_dond_model
+    from marti_ibrl.training import checks, startup
 
     model = build_tiny_dond_model(tmp_path / "tiny")
-    monkeypatch.setattr(trainer, "init_ray", lambda *a: pytest.fail("Ray started before the prompt check"))
+    monkeypatch.setattr(startup, "init_ray", lambda *a: pytest.fail("Ray started before the prompt check"))
     run = tmp_path / "run"
     flags = ["--role1.pretrain", model, "--role2.pretrain", model, "--env.prompt_style", "compact"]
     flags += ["--rollout.max_new_tokens", "16", "--train.device", "cpu", "--ckpt.path", str(run)]
@@ -369,7 +369,7 @@ def test_train_fails_early_when_no_first_prompt_fits_max_len(tmp_path: Path, mon
     tok = AutoTokenizer.from_pretrained(model)
     sizes = {
         (uid, role): len(RoleView(tok, env.system_prompt(s, role)).generation_prompt())
-        for uid, s in scenarios[: trainer.PROMPT_CHECK_SCENARIOS]
+        for uid, s in scenarios[: checks.PROMPT_CHECK_SCENARIOS]
         for role in env.roles
     }
     (uid, role), longest = max(sizes.items(), key=lambda x: x[1])
@@ -381,10 +381,10 @@ def test_train_fails_early_when_no_first_prompt_fits_max_len(tmp_path: Path, mon
     assert err.splitlines() == [
         f"marti-ibrl train: error: --rollout.max_len: {short} leaves no room for a first turn: {role}'s prompt for "
         f"scenario {uid} is {longest} tokens before --rollout.max_new_tokens 16 (prompts of {n_over} of the first "
-        f"{trainer.PROMPT_CHECK_SCENARIOS} scenarios do not fit); need --rollout.max_len >= {longest + 16}"
+        f"{checks.PROMPT_CHECK_SCENARIOS} scenarios do not fit); need --rollout.max_len >= {longest + 16}"
     ]
     assert not run.exists()
-    trainer.check_first_turns_fit(load_config([*flags, "--rollout.max_len", str(longest + 16)]), env, scenarios)
+    checks.check_first_turns_fit(load_config([*flags, "--rollout.max_len", str(longest + 16)]), env, scenarios)
 
 
 # -- opponent pools, ablations, frozen counterparts ------------------------------------------------------------------

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from marti_ibrl.algorithm.advantages import GroupSpread, group_spread, role_advantages
-from marti_ibrl.trainer import warn_uninformative
+from marti_ibrl.training.checks import warn_uninformative
 
 
 def _t(uid: str, malformed: bool = False):

@@ -15,7 +15,7 @@ import pytest
 import torch
 from fake_model import fake_checkpoint
 
-from marti_ibrl.trainer import TrainingStopped, count_skipped_updates, stepped
+from marti_ibrl.training.checks import TrainingStopped, count_skipped_updates, stepped
 
 
 def test_skipped_updates_are_counted_and_repeated_ones_stop_the_run(capsys) -> None:
@@ -212,6 +212,7 @@ def test_a_write_refused_in_an_actor_stops_the_run_in_one_line() -> None:
 
     from marti_ibrl.backend.finite import NonFiniteError
     from marti_ibrl.trainer import IBRLTrainer
+    from marti_ibrl.training.ahead import RolloutAhead
 
     cause = NonFiniteError(
         "checkpoint run/agent1/ckpt/_actor/global_step1 not written: 2 parameter tensors hold NaN/inf"
@@ -224,7 +225,7 @@ def test_a_write_refused_in_an_actor_stops_the_run_in_one_line() -> None:
     trainer = object.__new__(IBRLTrainer)
     trainer.cfg = SimpleNamespace(train=SimpleNamespace(iterations=2, check_sync=False, async_rollout=False))
     trainer.start_iteration, trainer.topology, trainer.iteration = 1, {"nodes": []}, iteration
-    trainer.rollouts = None  # (synchronous: no rollout thread)
+    trainer.ahead = RolloutAhead(enabled=False)  # (synchronous: no rollout thread)
     with pytest.raises(TrainingStopped) as e:
         trainer.fit()
     assert str(e.value) == f"iteration 1: {cause}"

@@ -205,17 +205,15 @@ def test_a_torn_last_line_is_moved_aside_and_said(tmp_path, whole) -> None:
 def test_a_resumed_run_repairs_its_logs_before_appending(tmp_path, capsys) -> None:
     """The run's append-only logs (phases, sync checks) are repaired when a run opens its directory."""
     from marti_ibrl.config import load_config
-    from marti_ibrl.trainer import IBRLTrainer
+    from marti_ibrl.training.startup import claim_run_dir
 
     run = tmp_path / "run"
     run.mkdir()
     (run / "phases.jsonl").write_text('{"k": 1}\n{"k": 2, "ev')
     (run / "transcripts.jsonl").write_text('{"iteration": 1}\n{"iteration": 2}\n')  # a run stopped before committing
     cfg = load_config([*TINY, "--ckpt.path", str(run)])
-    trainer = IBRLTrainer.__new__(IBRLTrainer)
-    trainer.cfg, trainer.roles = cfg, ["agent1", "agent2"]
-    trainer._open_run_dir()
-    trainer.release_run_dir()
+    _, lock = claim_run_dir(cfg, ["agent1", "agent2"])
+    lock.release()
     assert (run / "phases.jsonl").read_text() == '{"k": 1}\n'
     assert (run / "phases.jsonl.torn").read_text() == '{"k": 2, "ev\n'
     assert (run / "transcripts.jsonl").read_text() == ""  # its iterations are played anew: not kept twice

@@ -1,7 +1,8 @@
 """Eq. 6 as the paper writes it, in the trainer: every scenario is played once per pairing, and each pairing feeds
-the groups of its own learners (``IBRLTrainer.seat_policies``; pairings from ``marti_ibrl.algorithm.pool``).
+the groups of its own learners (``marti_ibrl.training.seating.seat_policies``; pairings from
+``marti_ibrl.algorithm.pool``).
 
-No Ray: the trainer is assembled from its parts (stacks with fake engine handles, pools with snapshot entries), so
+No Ray: the trainer's parts are assembled by hand (stacks with fake engine handles, pools with snapshot entries), so
 what is checked is the plays themselves: how many, who sits where, whose groups each feeds, and which snapshot.
 """
 
@@ -11,9 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from marti_ibrl import trainer as trainer_module
 from marti_ibrl.algorithm.pool import BOTH, OpponentPool, Snapshot
-from marti_ibrl.trainer import IBRLTrainer
+from marti_ibrl.training import snapshots as snapshots_module
+from marti_ibrl.training.records import stream
+from marti_ibrl.training.seating import seat_policies
+from marti_ibrl.training.snapshots import SnapshotBook
 
 ROLES = ("agent1", "agent2")
 SCENARIOS = [(f"q{i}", object()) for i in range(3)]
@@ -25,11 +28,32 @@ class _Engine:
         self.load_weights_file = SimpleNamespace(remote=self.loaded.append)
 
 
-def _trainer(tmp_path, updates: dict[str, int], snapshots: dict[str, list[int]], roles=ROLES) -> IBRLTrainer:
-    t = object.__new__(IBRLTrainer)
-    t.cfg = SimpleNamespace(train=SimpleNamespace(seed=1))
-    t.roles, t.trained, t.frozen = list(roles), list(roles), {}
-    t.stacks = {
+class _Run:
+    """What :meth:`IBRLTrainer.prepare` seats policies from: the stacks, the snapshot book, the update counts."""
+
+    def __init__(self, stacks: dict, book: SnapshotBook, updates: dict[str, int]) -> None:
+        self.roles, self.stacks, self.snapshots, self.updates = list(stacks), stacks, book, updates
+        self.pools = book.pools
+
+    def seat_policies(self, k: int, configuration: str, scenarios, due=None):
+        """Seated as the trainer seats them, then the pool engines loaded (its next step, before generation)."""
+        plays, log, loads = seat_policies(
+            configuration,
+            scenarios,
+            roles=self.roles,
+            stacks=self.stacks,
+            snapshots=self.snapshots,
+            updates=self.updates,
+            frozen={},
+            rng=stream(1, "opponents", k),
+            due=due,
+        )
+        self.snapshots.load_pool_engines(loads)
+        return plays, log
+
+
+def _trainer(tmp_path, updates: dict[str, int], snapshots: dict[str, list[int]], roles=ROLES) -> _Run:
+    stacks = {
         r: SimpleNamespace(
             engines=[_Engine(f"{r}/current")],
             pool_engines=[_Engine(f"{r}/pool")],
@@ -39,20 +63,21 @@ def _trainer(tmp_path, updates: dict[str, int], snapshots: dict[str, list[int]],
         )
         for r in roles
     }
-    t.pools, t.pool_loaded, t.pending_snapshots, t.updates = {}, {}, [], dict(updates)
+    book = object.__new__(SnapshotBook)
+    book.stacks, book.pools, book.loaded, book.pending = stacks, {}, {}, []
     for r in roles:
-        pool = t.pools[r] = OpponentPool(tmp_path, r, size=4)
+        pool = book.pools[r] = OpponentPool(tmp_path, r, size=4)
         for v in snapshots.get(r, []):
             pool.members.append(Snapshot(r, v, v, pool.path_for(v).name, "0" * 64, 1, 0.1))
-    return t
+    return _Run(stacks, book, dict(updates))
 
 
 @pytest.fixture(autouse=True)
 def no_ray(monkeypatch):
-    monkeypatch.setattr(trainer_module, "ray", SimpleNamespace(get=lambda refs: refs))
+    monkeypatch.setattr(snapshots_module, "ray", SimpleNamespace(get=lambda refs: refs))
 
 
-def _plays(t: IBRLTrainer, configuration: str, k: int = 5):
+def _plays(t: _Run, configuration: str, k: int = 5):
     plays, log = t.seat_policies(k, configuration, SCENARIOS)
     return plays, log, [({r: p.name for r, p in play.policies.items()}, play.learners) for play in plays]
 
@@ -83,14 +108,14 @@ def test_a_history_iteration_plays_both_pairings_with_the_whole_batch(tmp_path) 
 def test_each_pairing_is_a_rollout_pass_current_policies_first(tmp_path) -> None:
     """The pairing of current policies is pass 0, the one facing history pass 1 (DialogueRunner batches and seeds
     each apart); a colocated role (no pool engines) serves its snapshot from its own engines, loaded for pass 1."""
-    from marti_ibrl.trainer import snapshot_loads
+    from marti_ibrl.training.seating import snapshot_loads
 
     t = _trainer(tmp_path, {"agent1": 4, "agent2": 2}, {"agent2": [1, 2]})
     plays, _, _ = _plays(t, "agent1")
     assert [p.pass_ for p in plays] == [1, 1, 1, 0, 0, 0]
     assert snapshot_loads(plays) == {}  # the separate layout: a pool engine holds it
     t.stacks["agent2"].pool_engines = []  # --train.colocate: no pool engines
-    t.pool_loaded = {}
+    t.snapshots.loaded = {}
     plays, _, _ = _plays(t, "agent1")
     history = plays[0].policies["agent2"]
     assert history.name == "pool:1" and history.engines == t.stacks["agent2"].engines

@@ -15,7 +15,7 @@ from openrlhf.utils.loss_utils import _optimizer_step_loss_norm
 from marti_ibrl.algorithm.batching import split_across_ranks
 from marti_ibrl.algorithm.loss import IsolatedPolicyLoss
 from marti_ibrl.backend.actors import IsolatedExperienceMaker, single_samples, weightless_rows_out, zero_weight_copy
-from marti_ibrl.trainer import sample_metrics
+from marti_ibrl.training.metrics import sample_metrics
 
 # ------------------------------------------------------------------------------------------- the split itself
 

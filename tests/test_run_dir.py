@@ -47,12 +47,12 @@ def flags(model: str) -> list[str]:
 
 @pytest.fixture(autouse=True)
 def no_ray(monkeypatch):
-    from marti_ibrl import trainer
+    from marti_ibrl.training import startup
 
     def started(*_):
         raise RayStarted
 
-    monkeypatch.setattr(trainer, "init_ray", started)
+    monkeypatch.setattr(startup, "init_ray", started)
 
 
 def write_run(run: Path, iteration: int = 2, seed: int = 42) -> Path:

@@ -257,7 +257,7 @@ def test_an_unavailable_reward_leaves_only_that_roles_group(env, tok, no_ray, ca
     from marti_ibrl.algorithm.ablations import ABLATIONS
     from marti_ibrl.algorithm.advantages import members
     from marti_ibrl.rewards import RewardUnavailable
-    from marti_ibrl.trainer import report_reward_failures
+    from marti_ibrl.training.checks import report_reward_failures
 
     def judged(traj, role, scenario) -> float:  # a remote reward that is down for scenario s1
         if traj.scenario_uid == "s1":
@@ -329,7 +329,7 @@ def test_a_broken_reward_leaves_the_group_counted_with_its_reason(env, tok, no_r
 
 
 def test_too_many_reward_failures_stop_the_run_naming_the_role(env, tok, no_ray) -> None:
-    from marti_ibrl.trainer import TrainingStopped, check_reward_failures
+    from marti_ibrl.training.checks import TrainingStopped, check_reward_failures
 
     rule = env_reward(env)
     trajs, _ = _run(env, tok, _bot("greedy"), reward_fns={"agent1": _faulty("nan"), "agent2": rule})

@@ -31,7 +31,7 @@ LAYERS = [
     ],
     # evaluation, then training
     ["marti_ibrl.eval"],
-    ["marti_ibrl.trainer"],
+    ["marti_ibrl.trainer", "marti_ibrl.training"],
     # the cluster: OpenRLHF stacks, colocated layouts, the device plan and the layouts that fit (plan --fit)
     ["marti_ibrl.colocate", "marti_ibrl.backend", "marti_ibrl.topology", "marti_ibrl.plan", "marti_ibrl.layouts"],
     ["marti_ibrl.placement", "marti_ibrl.commit", "marti_ibrl.phases", "marti_ibrl.sft"],

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from marti_ibrl.trainer import summary_table
+from marti_ibrl.training.metrics import summary_table
 
 
 def _m(k: int, config: int, upd1: float, upd2: float) -> dict:

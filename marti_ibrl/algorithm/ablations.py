@@ -64,6 +64,27 @@ class Ablation:
             return float(sum(trajectory.rewards.values()))
         return float(trajectory.rewards[role])
 
+    def scored(
+        self, trajectories: Sequence[Trajectory], trained: Sequence[str], roles: Sequence[str], penalty: float | None
+    ) -> dict[str, list[tuple[Trajectory, float]]]:
+        """Per trained role, its group members (Eq. 4, :func:`~marti_ibrl.algorithm.advantages.members`) and, with
+        a ``penalty`` (``--train.penalize_resamples``: ``--env.invalid_penalty``), its penalised discarded attempts
+        (:func:`~marti_ibrl.algorithm.advantages.penalized_attempts`), each with the reward it optimises
+        (:meth:`training_reward`); under ``joint_baseline``, with its advantage normalised over every role's."""
+        from marti_ibrl.algorithm.advantages import members, penalized_attempts
+
+        scored = {}
+        for r in trained:
+            group = members(trajectories, r, self.rewards_needed(r, roles))
+            if penalty is not None:  # its discarded malformed attempts, each a sample of its own
+                group += penalized_attempts(group, r, penalty)
+            scored[r] = [(t, self.training_reward(t, r)) for t in group]
+        if self.joint_baseline:
+            flat = [(r, t.scenario_uid, x) for r in trained for t, x in scored[r]]
+            shaped = iter(joint_normalized_advantages(flat))
+            scored = {r: [(t, next(shaped)) for t, _ in scored[r]] for r in trained}
+        return scored
+
 
 ABLATIONS: dict[str, Ablation] = {
     a.name: a

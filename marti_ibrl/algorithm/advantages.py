@@ -101,7 +101,8 @@ class GroupSpread:
 
 
 def group_spread(scored: Sequence[tuple[Trajectory, float]]) -> GroupSpread:
-    """:class:`GroupSpread` of one role's group members and their training rewards (``IBRLTrainer.training_rewards``:
+    """:class:`GroupSpread` of one role's group members and their training rewards (:meth:`Ablation.scored
+    <marti_ibrl.algorithm.ablations.Ablation.scored>`:
     R_i, or an ablation's reward) — the same ``(role, scenario_uid)`` groups the advantages are taken over."""
     by_group: dict[str, list[float]] = {}
     for t, x in scored:

@@ -30,6 +30,7 @@ from marti_ibrl.backend.args import engine_kind, engine_lora, role_args, trainin
 from marti_ibrl.backend.cluster import kill_actors
 from marti_ibrl.backend.finite import FiniteStepStrategy
 from marti_ibrl.backend.internals import actor_handles, actor_id, placement_group, replicas
+from marti_ibrl.commit import file_manifest
 from marti_ibrl.config import Config, RoleConfig
 from marti_ibrl.lora import AdapterRef
 from marti_ibrl.placement import has_reference, pool_engine_count
@@ -211,6 +212,18 @@ class RoleStack:
 
     def engine_digests(self, engines: list | None = None) -> list[str]:
         return ray.get([e.weights_digest.remote() for e in (self.engines if engines is None else engines)])
+
+
+def save_checkpoints(run_dir: Path, stacks: dict[str, RoleStack], k: int, final: bool = False) -> dict[str, dict]:
+    """Every role's DeepSpeed checkpoint of iteration k (tag ``global_step{k}``; its HF model too when ``final``),
+    on disk when this returns; the manifest of the files a resume will load (:func:`marti_ibrl.commit.file_manifest`)."""
+    tag = f"global_step{k}"
+    refs = [ref for s in stacks.values() for ref in s.save_checkpoint_async(tag, {"ibrl_iteration": k})]
+    if final:
+        refs += [ref for s in stacks.values() for ref in s.save_hf_async()]
+    ray.get(refs)
+    steps = [run_dir / r / "ckpt" / "_actor" / tag for r in stacks]
+    return file_manifest(run_dir, [d for d in steps if d.is_dir()])
 
 
 def start_engines(

@@ -16,6 +16,7 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 TRANSCRIPTS_FILE = "transcripts.jsonl"
@@ -63,6 +64,17 @@ def append(run_dir: str | Path, records: Sequence[dict]) -> None:
         f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
         f.flush()
         os.fsync(f.fileno())
+
+
+def keep(run_dir: str | Path, k: int, trajectories: Sequence, n: int, rng: random.Random, logger=None) -> None:
+    """``--logger.transcripts N``: a seeded sample of iteration k's dialogues, on disk before k+1 starts; shown in
+    the text tab of ``logger`` (OpenRLHF's tensorboard or wandb logger) when there is one."""
+    records = [transcript_record(k, t) for t in sample(trajectories, n, rng)]
+    append(run_dir, records)
+    if records and logger is not None:
+        text = "\n\n".join(f"```\n{format_dialogue(r)}\n```" for r in records)
+        rewards = [x for r in records for x in r["rewards"].values()]
+        logger.log_train(k, {"generated_samples": (text, mean(rewards) if rewards else 0.0)})
 
 
 def keep_until(run_dir: str | Path, k: int) -> int:
