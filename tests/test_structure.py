@@ -20,7 +20,7 @@ LAYERS = [
     # what a user runs: the command line and what it dispatches to
     ["marti_ibrl.cli"],
     # an environment's registry entry binds its subcommands, evaluation and play hooks (imported lazily)
-    ["marti_ibrl.envs.dond.spec", "marti_ibrl.envs.telesales.spec"],
+    ["marti_ibrl.entries"],
     [
         "marti_ibrl.commands",
         "marti_ibrl.demo",
@@ -136,7 +136,7 @@ def layer_of(module: str) -> int | None:
 
 
 def test_layer_of_takes_the_longest_prefix() -> None:
-    assert layer_of("marti_ibrl.envs.dond.spec") == 1 and layer_of("marti_ibrl.envs.dond.game") == 10
+    assert layer_of("marti_ibrl.entries.dond") == 1 and layer_of("marti_ibrl.envs.dond.game") == 10
     assert layer_of("marti_ibrl.commands.eval") == 2 and layer_of("marti_ibrl.eval.dond.command") == 3
     assert layer_of("marti_ibrl.config.schema") == len(LAYERS) - 1 and layer_of("marti_ibrl.config.load") == 7
     assert layer_of("marti_ibrl") is None and layer_of("marti_ibrl.configx") is None

@@ -1,6 +1,6 @@
 """``marti-ibrl dond ...`` subcommands: sample scenarios, check a Lewis-format data file.
 
-DoND's :class:`~marti_ibrl.envs.registry.EnvSpec` (``marti_ibrl/envs/dond/spec.py``) names
+DoND's :class:`~marti_ibrl.envs.registry.EnvSpec` (``marti_ibrl/entries/dond.py``) names
 :func:`add_dond_subparsers` as its CLI hook; each subcommand stores its handler ``(args) -> int`` as ``args.func``.
 """
 

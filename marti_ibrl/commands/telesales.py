@@ -1,6 +1,6 @@
 """TeleSales commands: ``marti-ibrl telesales sft --role sales|customer``, ``telesales profiles`` and
 ``telesales eval``; :func:`add_telesales_parsers` adds all three (TeleSales'
-:class:`~marti_ibrl.envs.registry.EnvSpec` CLI hook, ``marti_ibrl/envs/telesales/spec.py``). The old name
+:class:`~marti_ibrl.envs.registry.EnvSpec` CLI hook, ``marti_ibrl/entries/telesales.py``). The old name
 ``marti-ibrl sft --role R --transcripts F`` still works and says where the command went (``marti-ibrl sft`` is now
 any environment's warm start from scripted players: :mod:`marti_ibrl.commands.sft`).
 

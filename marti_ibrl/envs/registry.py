@@ -6,8 +6,9 @@ reward (``rule`` or ``judge``), its LLM judges, its checks of a :class:`~marti_i
 ``marti-ibrl`` subcommands, the env options only it reads, its scripted training bots, and whether one policy can
 play any of its seats.
 
-Built-in specs live with their environment: ``dond`` and ``dond3`` in ``marti_ibrl/envs/dond/spec.py``,
-``telesales`` in ``marti_ibrl/envs/telesales/spec.py`` (:data:`BUILTIN`), loaded on first use. A ``module:Class``
+Built-in specs live above the environments and beside the commands they name: ``dond`` and ``dond3`` in
+``marti_ibrl/entries/dond.py``, ``telesales`` in ``marti_ibrl/entries/telesales.py`` (:data:`BUILTIN`), loaded on
+first use. A ``module:Class``
 name, an environment of your own (:mod:`marti_ibrl.envs.custom`), and ``textarena:GAME-ID``, a TextArena two-player
 game (:mod:`marti_ibrl.envs.arena`), are resolved by :func:`get` and registered the same way. Importing this module imports no environment; factories, judges and commands import theirs when called.
 """
@@ -20,7 +21,7 @@ from marti_ibrl.envs.spec import EnvSpec
 
 __all__ = ["BUILTIN", "EnvSpec", "UnknownEnvironment", "get", "names", "register", "specs"]
 
-BUILTIN = ("marti_ibrl.envs.dond.spec", "marti_ibrl.envs.telesales.spec")
+BUILTIN = ("marti_ibrl.entries.dond", "marti_ibrl.entries.telesales")
 """Modules declaring the built-in specs, each in a ``SPECS`` tuple, registered in this order."""
 
 

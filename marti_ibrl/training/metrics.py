@@ -51,8 +51,8 @@ def iteration_metrics(
         m[f"{r}/pool/snapshot_seconds"] = pool.members[-1].seconds if len(pool) else 0.0
     m.update(reward_stats)
     for r in roles:
-        scored = [t.rewards[r] for t in trajectories if r in t.rewards]
-        m[f"{r}/reward"] = mean(scored) if scored else float("nan")
+        rewards = [t.rewards[r] for t in trajectories if r in t.rewards]
+        m[f"{r}/reward"] = mean(rewards) if rewards else float("nan")
         m[f"{r}/reward_failed"] = sum(r in t.reward_failures for t in trajectories) / n
         m[f"{r}/reward/failures"] = float(sum(r in t.reward_failures for t in trajectories))
         m[f"{r}/utility"] = mean(t.outcome.utilities.get(r, 0.0) for t in trajectories)

@@ -1,5 +1,5 @@
 """Vehicle TeleSales in the environment registry (:mod:`marti_ibrl.envs.registry`): roles ``sales`` and
-``customer``, rewarded by their role-specific LLM judges by default (paper §5.1; :mod:`.judges`).
+``customer``, rewarded by their role-specific LLM judges by default (paper §5.1; :mod:`marti_ibrl.envs.telesales.judges`).
 
 The call ends at ``2 * --env.max_rounds`` turns; scenarios are customer profiles, read from ``--env.data``
 (``marti-ibrl telesales profiles --split train``) or generated. ``--env.lang`` must name a prompt language. Its
