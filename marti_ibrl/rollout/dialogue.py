@@ -22,7 +22,7 @@ class Turn:
 @dataclass
 class Attempt:
     """A malformed turn the runner discarded and re-sampled: what the role's policy saw and wrote. Training penalises
-    it as a sample of its own (``--train.penalize_resamples``, :func:`marti_ibrl.trainer.discarded_trajectory`)."""
+    it as a sample of its own (``--train.penalize_resamples``, :func:`marti_ibrl.algorithm.advantages.penalized_attempts`)."""
 
     role: str
     text: str
