@@ -122,7 +122,7 @@ def _figure(runs: dict[str, Path], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from marti_ibrl.phases import read_phases
+    from marti_ibrl.cluster.phases import read_phases
 
     lanes = [("engines", "generate", "generation"), ("actor", "experience", "experience"), ("actor", "train", "update"),
              ("engines", "sync", "sync")]  # fmt: skip

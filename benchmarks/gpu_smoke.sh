@@ -60,7 +60,7 @@ print(f"gpu_smoke: torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.
 
 import ray
 
-from marti_ibrl.placement import device_slots
+from marti_ibrl.cluster.placement import device_slots
 from marti_ibrl.trainer import IBRLTrainer
 
 t1 = time.perf_counter()
@@ -81,7 +81,7 @@ print("  " + ", ".join(f"{k} {m[k]:.2f}" for k in keys))
 
 # --train.async_rollout (issue 38): 3 iterations synchronous, then asynchronous (staleness 1), same seed: the wall
 # time per iteration, the generation that overlapped the previous iteration's updates, the data's staleness
-from marti_ibrl.phases import read_phases, violations
+from marti_ibrl.cluster.phases import read_phases, violations
 
 timed = {}
 for mode, more in (("sync", []), ("async", ["--train.async_rollout", "true"])):

@@ -28,9 +28,9 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from marti_ibrl.cluster.phases import PHASES_FILE
 from marti_ibrl.config import ConfigError
 from marti_ibrl.outputs import LOCK_NAME
-from marti_ibrl.phases import PHASES_FILE
 from marti_ibrl.rollout.transcripts import TRANSCRIPTS_FILE
 
 STATE_FILE = "trainer_state.json"

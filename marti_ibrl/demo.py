@@ -193,7 +193,7 @@ def start_over_flags(run_dir: Path) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     """The demo; a config error (the recipe's, or ``train.device cuda`` without CUDA, checked before the SFT step)
     is one ``marti-ibrl demo: error:`` line and exit 2."""
-    from marti_ibrl.device import resolve_device
+    from marti_ibrl.cluster.device import resolve_device
 
     t_start = time.perf_counter()
     out = Path(args.out)

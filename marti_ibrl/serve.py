@@ -33,8 +33,8 @@ class ServeError(RuntimeError):
 
 
 def _has_cuda() -> bool:
-    """Whether the server runs on a GPU: the device ``auto`` resolves to (:func:`marti_ibrl.device.resolve_device`)."""
-    from marti_ibrl.device import resolve_device
+    """Whether the server runs on a GPU: the device ``auto`` resolves to (:func:`marti_ibrl.cluster.device.resolve_device`)."""
+    from marti_ibrl.cluster.device import resolve_device
 
     return resolve_device("auto") == "cuda"
 

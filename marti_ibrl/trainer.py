@@ -26,11 +26,11 @@ from marti_ibrl.algorithm.pool import BOTH, sample_configuration
 from marti_ibrl.algorithm.schedule import roles_due
 from marti_ibrl.backend.cluster import kill_actors
 from marti_ibrl.backend.finite import NonFiniteError
-from marti_ibrl.backend.nodes import NodeLostError, NodeWatch, loss_message
 from marti_ibrl.backend.stack import save_checkpoints
+from marti_ibrl.cluster.device import check_device_dtype, resolve_device
+from marti_ibrl.cluster.nodes import NodeLostError, NodeWatch, loss_message
 from marti_ibrl.commit import Commit, drop_rollouts, read_rollout, write_rollout
 from marti_ibrl.config import Config
-from marti_ibrl.device import check_device_dtype, resolve_device
 from marti_ibrl.outputs import OutputLock
 from marti_ibrl.progress import bar as progress_bar
 from marti_ibrl.rollout import transcripts

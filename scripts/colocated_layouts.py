@@ -3,7 +3,7 @@ all``, per phase, each GPU a bar of what ``marti-ibrl plan`` puts on it (GiB, st
 
     .venv/bin/python scripts/colocated_layouts.py [--out docs/images/colocated_layouts.png]
 
-Every number comes from :func:`marti_ibrl.plan.make_plan` (and the GPUs from :func:`marti_ibrl.placement.gpu_map`)
+Every number comes from :func:`marti_ibrl.cluster.plan.make_plan` (and the GPUs from :func:`marti_ibrl.cluster.placement.gpu_map`)
 on the recipes' own YAML, with the model sized from the built-in Qwen3.5-4B table: remake the figure after changing
 either.
 """
@@ -38,8 +38,8 @@ COLORS = {  # (role index, kind) -> colour
 def _bars(plan) -> list[tuple[str, list[list[tuple[str, float, str, bool]]]]]:
     """Per phase: per GPU, the (label, GiB, colour, state) segments stacked on it; state: ``""``, ``asleep`` (an
     engine) or ``resident`` (a DeepSpeed rank holding only its weights)."""
-    from marti_ibrl.placement import REFERENCE, gpu_map
-    from marti_ibrl.plan import GiB
+    from marti_ibrl.cluster.placement import REFERENCE, gpu_map
+    from marti_ibrl.cluster.plan import GiB
 
     cfg = plan.cfg
     roles = [r.name for r in cfg.roles]
@@ -84,8 +84,8 @@ def main() -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    from marti_ibrl.cluster.plan import make_plan
     from marti_ibrl.config import load_config
-    from marti_ibrl.plan import make_plan
 
     panels = []
     for title, flags in LAYOUTS:

@@ -18,7 +18,7 @@ import pytest
 from rollouts import record_rollouts
 from test_e2e_ibrl import tiny_flags
 
-from marti_ibrl.phases import read_phases
+from marti_ibrl.cluster.phases import read_phases
 
 RUNS = {
     "none": ["--train.colocate", "none"],

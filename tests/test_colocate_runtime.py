@@ -1,4 +1,4 @@
-"""marti_ibrl.colocate without Ray: the GPU shares of a shared bundle, and the order the hybrid
+"""marti_ibrl.cluster.colocate without Ray: the GPU shares of a shared bundle, and the order the hybrid
 engine calls OpenRLHF's sleep/wake/offload/reload in (the roles in turn, as ``all`` does when both updates do not
 fit). The end-to-end runs are tests/test_e2e_colocate.py."""
 
@@ -10,9 +10,9 @@ import pytest
 import ray
 from fake_model import fake_checkpoint
 
-from marti_ibrl import colocate
+from marti_ibrl.cluster import colocate
+from marti_ibrl.cluster.phases import PhaseLog, read_phases, violations
 from marti_ibrl.config import load_config
-from marti_ibrl.phases import PhaseLog, read_phases, violations
 
 
 @pytest.fixture

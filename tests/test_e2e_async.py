@@ -16,7 +16,7 @@ import golden
 import pytest
 from test_e2e_colocate import DUE, _timing
 
-from marti_ibrl.phases import violations
+from marti_ibrl.cluster.phases import violations
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ snapshot from its pool engine; the colocated ones from agent1's own engine, load
 after it. The `role` run stops after k=3 and is resumed (``--ckpt.load_enable``) for k=4, so exact resume of a
 colocated run is part of the equality: its k=4 serves a snapshot committed by the first session. On CPU nothing is
 freed by sleeping (see
-marti_ibrl/colocate.py): what is tested is that the calls are made in OpenRLHF's order, that a role not due neither
+marti_ibrl/cluster/colocate.py): what is tested is that the calls are made in OpenRLHF's order, that a role not due neither
 reloads nor syncs, and that placement and the calls change nothing: the same dialogues (token for token), the same
 metrics and the same weights, bit for bit.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import golden
 import pytest
 
-from marti_ibrl.phases import violations
+from marti_ibrl.cluster.phases import violations
 
 pytestmark = pytest.mark.slow
 

@@ -144,7 +144,7 @@ def test_transcripts_kept_and_shown(run, capsys):
 def test_colocated_reference_takes_no_device_of_its_own(run):
     import copy
 
-    from marti_ibrl.placement import device_slots
+    from marti_ibrl.cluster.placement import device_slots
 
     _, history, _, (cfg, slots) = run
     apart = copy.deepcopy(cfg)
@@ -159,7 +159,7 @@ def test_topology_records_what_ran(run):
     tmp, _, _, (cfg, slots) = run
     topo = json.loads((tmp / "run" / "topology.json").read_text())
     assert topo["device"] == "cpu" and topo["frozen"] == {}
-    from marti_ibrl.placement import pool_engine_count
+    from marti_ibrl.cluster.placement import pool_engine_count
 
     expected_reference = {"agent1": "colocated", "agent2": "separate"}  # --role1.colocate_ref true; both kl_coef > 0
     for role in cfg.roles:

@@ -167,7 +167,7 @@ def test_colocated_phases_follow_the_hybrid_engine_order(runs):
     (the calls, in OpenRLHF's order; on vLLM-CPU they free nothing); agent2 neither reloads, trains nor syncs when it
     is not due; at k=4 agent1's engines serve its snapshot for the pairing facing its history, and get its weights
     back after it."""
-    from marti_ibrl.phases import read_phases, violations
+    from marti_ibrl.cluster.phases import read_phases, violations
 
     records = read_phases(runs.c)
     assert violations(records, DUE) == []

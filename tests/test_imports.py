@@ -27,9 +27,10 @@ def test_all_modules_import_without_vllm_and_flash_attn():
 
 
 def test_the_device_has_one_home():
-    """Only marti_ibrl/device.py asks torch which device there is; every command and the engines take its answer."""
+    """Only marti_ibrl/cluster/device.py asks torch which device there is; every command and the engines take its
+    answer."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent / "marti_ibrl"
     probing = [str(p.relative_to(root)) for p in root.rglob("*.py") if "cuda.is_available" in p.read_text()]
-    assert probing == ["device.py"]
+    assert probing == ["cluster/device.py"]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from marti_ibrl.algorithm.pool import OpponentPool, Snapshot
+from marti_ibrl.cluster.placement import ACTOR, ENGINES, POOL_ENGINES, REFERENCE, device_slots, placement
 from marti_ibrl.config import ConfigError, load_config
 from marti_ibrl.lora import (
     ADAPTER_CONFIG,
@@ -26,7 +27,6 @@ from marti_ibrl.lora import (
     vllm_max_lora_rank,
     write_adapter,
 )
-from marti_ibrl.placement import ACTOR, ENGINES, POOL_ENGINES, REFERENCE, device_slots, placement
 
 
 @pytest.fixture(scope="module")

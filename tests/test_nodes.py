@@ -1,4 +1,4 @@
-"""A lost Ray node (``marti_ibrl.backend.nodes``): which started nodes are gone, the message naming the node and
+"""A lost Ray node (``marti_ibrl.cluster.nodes``): which started nodes are gone, the message naming the node and
 what ran there, and the watch interrupting a driver blocked in a call that would never return."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from marti_ibrl.backend import nodes
-from marti_ibrl.backend.nodes import NodeWatch, loss_message, lost_nodes
+from marti_ibrl.cluster import nodes
+from marti_ibrl.cluster.nodes import NodeWatch, loss_message, lost_nodes
 
 STARTED = [
     {"node_id": "aaaa1111bbbb2222", "name": "n1", "address": "127.0.0.1", "alive": True},
@@ -106,7 +106,7 @@ def test_a_driver_stuck_after_the_interrupt_is_ended_by_the_watch(tmp_path) -> N
     script = tmp_path / "stuck.py"
     script.write_text(
         "import time, ray\n"
-        "from marti_ibrl.backend.nodes import NodeWatch\n"
+        "from marti_ibrl.cluster.nodes import NodeWatch\n"
         "calls = []\n"
         "ray.nodes = lambda: calls.append(1) or [{'NodeID': 'a', 'Alive': True}, {'NodeID': 'b', 'Alive': len(calls) < 3}]\n"
         "started = [{'node_id': i, 'name': i, 'address': '127.0.0.1', 'alive': True} for i in 'ab']\n"

@@ -1,4 +1,4 @@
-"""marti_ibrl.phases: the phase record is durable and readable, and violations() finds every breach of the rules."""
+"""marti_ibrl.cluster.phases: the phase record is durable and readable, and violations() finds every breach of the rules."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from marti_ibrl.phases import PHASES_FILE, PhaseLog, read_phases, violations
+from marti_ibrl.cluster.phases import PHASES_FILE, PhaseLog, read_phases, violations
 
 
 def _rec(k, role, comp, ev, t):

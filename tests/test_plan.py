@@ -12,9 +12,9 @@ import pytest
 from fake_model import fake_checkpoint
 
 from marti_ibrl.cli import main as cli_main
+from marti_ibrl.cluster.placement import ACTOR, ENGINES, device_slots, placement
+from marti_ibrl.cluster.plan import MODEL_TABLE, PROCESS_OVERHEAD, VLLM_RUNTIME, GiB, make_plan, model_spec
 from marti_ibrl.config import ConfigError, load_config
-from marti_ibrl.placement import ACTOR, ENGINES, device_slots, placement
-from marti_ibrl.plan import MODEL_TABLE, PROCESS_OVERHEAD, VLLM_RUNTIME, GiB, make_plan, model_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES_32 = ["dond/qwen3.5-4b", "dond/qwen3.5-9b", "telesales/qwen3.5-4b", "telesales/qwen3.5-9b"]
@@ -289,7 +289,7 @@ def test_plan_lora_roles(tmp_path, capsys):
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from marti_ibrl.plan import lora_params
+    from marti_ibrl.cluster.plan import lora_params
 
     m = _tiny_qwen2(tmp_path)
     flags = [
@@ -347,14 +347,14 @@ def test_a_run_directory_a_node_does_not_see_stops_the_job_in_one_line(tmp_path)
     assert not list((tmp_path / "run").glob(".ibrl-shared-*"))  # the check leaves nothing behind
 
 
-# -- plan --fit (marti_ibrl/layouts.py) ---------------------------------------------------------------------------
+# -- plan --fit (marti_ibrl/cluster/layouts.py) ---------------------------------------------------------------------------
 
 ALLOCATIONS = [(4, 8, 80.0), (2, 8, 80.0), (1, 8, 80.0), (1, 4, 80.0), (1, 8, 40.0)]  # 32, 16, 8, 4 GPUs; 8 x 40 GiB
 
 
 @pytest.mark.parametrize("recipe", RECIPES_32)
 def test_every_layout_plan_fit_proposes_passes_plan_strict(recipe, checkpoints, tmp_path, monkeypatch, capsys):
-    from marti_ibrl.layouts import propose, smallest_fit
+    from marti_ibrl.cluster.layouts import propose, smallest_fit
 
     monkeypatch.setenv("IBRL_TEST_JUDGE_KEY", "secret")
     flags = recipe_flags(recipe, recipe_env(recipe, checkpoints, tmp_path))

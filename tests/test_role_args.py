@@ -8,8 +8,8 @@ import pytest
 from fake_model import fake_checkpoint
 
 from marti_ibrl.backend.args import role_args
+from marti_ibrl.cluster.placement import device_slots, uses_pool
 from marti_ibrl.config import ConfigError, load_config
-from marti_ibrl.placement import device_slots, uses_pool
 
 
 @pytest.fixture(scope="module")

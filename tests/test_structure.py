@@ -33,10 +33,18 @@ LAYERS = [
     ["marti_ibrl.eval"],
     ["marti_ibrl.trainer", "marti_ibrl.training"],
     # the cluster: OpenRLHF stacks, colocated layouts, the device plan and the layouts that fit (plan --fit)
-    ["marti_ibrl.colocate", "marti_ibrl.backend", "marti_ibrl.topology", "marti_ibrl.plan", "marti_ibrl.layouts"],
-    ["marti_ibrl.placement", "marti_ibrl.commit", "marti_ibrl.phases", "marti_ibrl.sft"],
+    [
+        "marti_ibrl.backend",
+        "marti_ibrl.cluster",
+        "marti_ibrl.cluster.colocate",
+        "marti_ibrl.cluster.nodes",
+        "marti_ibrl.cluster.topology",
+        "marti_ibrl.cluster.plan",
+        "marti_ibrl.cluster.layouts",
+    ],
+    ["marti_ibrl.cluster.placement", "marti_ibrl.commit", "marti_ibrl.cluster.phases", "marti_ibrl.sft"],
     # a run's configuration, read and checked against everything below
-    ["marti_ibrl.config", "marti_ibrl.device"],
+    ["marti_ibrl.config", "marti_ibrl.cluster.device"],
     ["marti_ibrl.rewards"],
     # the algorithm and the dialogues it learns from
     ["marti_ibrl.algorithm", "marti_ibrl.rollout", "marti_ibrl.lora", "marti_ibrl.tiny"],

@@ -9,10 +9,10 @@ import pytest
 from fake_model import fake_checkpoint
 
 from marti_ibrl.backend.args import role_args
+from marti_ibrl.cluster.topology import TOPOLOGY_FILE, topology, write_topology
 from marti_ibrl.config import load_config
 from marti_ibrl.procenv import SHARE_ONE_GPU_ENV
 from marti_ibrl.rollout.runner import Policy
-from marti_ibrl.topology import TOPOLOGY_FILE, topology, write_topology
 
 NODES = [
     {

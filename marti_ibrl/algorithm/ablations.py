@@ -10,7 +10,7 @@
 
 An :class:`Ablation` is three switches; everything else is the full IB-RL iteration. Its config changes are
 applied once, where a run's config is made (:func:`marti_ibrl.config.load_config`, through :func:`resolve`), so
-the trainer, ``plan`` and :func:`marti_ibrl.placement.placement` all see the effective config. The trainer asks the
+the trainer, ``plan`` and :func:`marti_ibrl.cluster.placement.placement` all see the effective config. The trainer asks the
 run's ablation (:func:`get`) for the reward each role optimises and whether advantages are joint.
 """
 

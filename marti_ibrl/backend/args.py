@@ -9,8 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from marti_ibrl.algorithm.schedule import num_updates
+from marti_ibrl.cluster.placement import colocated
 from marti_ibrl.config import Config, RoleConfig
-from marti_ibrl.placement import colocated
 from marti_ibrl.procenv import share_one_gpu
 
 
@@ -127,7 +127,7 @@ def role_args(cfg: Config, role: RoleConfig, device: str) -> SimpleNamespace:
     if device == "cuda" and share_one_gpu():  # every slot is the one GPU
         a.local_rank = 0
     a.vllm.sync_group_name = f"ibrl_{role.name}"  # patch 0004: roles never share a sync group
-    # --train.colocate role|all (marti_ibrl/colocate.py): OpenRLHF's colocate_all per role, its engines sleeping and
+    # --train.colocate role|all (marti_ibrl/cluster/colocate.py): OpenRLHF's colocate_all per role, its engines sleeping and
     # its DeepSpeed states offloaded in turn; colocate_all makes the weight sync CUDA IPC over nccl (gloo on CPU)
     a.train.colocate_all = a.vllm.enable_sleep = a.ds.enable_sleep = colocated(cfg)
     # LoRA (marti_ibrl/lora.py): OpenRLHF's own; its Actor wraps the base with peft's get_peft_model

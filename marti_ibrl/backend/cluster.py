@@ -9,14 +9,14 @@ import os
 
 import ray
 
+from marti_ibrl.cluster.placement import device_slots
 from marti_ibrl.config import Config, ConfigError
-from marti_ibrl.placement import device_slots
 from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, ray_env_vars, share_one_gpu
 
 
 def init_ray(cfg: Config, device: str) -> None:
     """Connect to a cluster (``ray.address``) or start a local Ray with the job's device slots
-    (:func:`marti_ibrl.placement.device_slots`, the placement ``marti-ibrl plan`` prints)."""
+    (:func:`marti_ibrl.cluster.placement.device_slots`, the placement ``marti-ibrl plan`` prints)."""
     start_ray(device_slots(cfg), device, cfg.ray.address, cfg.ray.num_cpus, cfg.ray.log_to_driver)
 
 

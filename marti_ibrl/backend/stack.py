@@ -30,10 +30,10 @@ from marti_ibrl.backend.args import engine_kind, engine_lora, role_args, trainin
 from marti_ibrl.backend.cluster import kill_actors
 from marti_ibrl.backend.finite import FiniteStepStrategy
 from marti_ibrl.backend.internals import actor_handles, actor_id, placement_group, replicas
+from marti_ibrl.cluster.placement import has_reference, pool_engine_count
 from marti_ibrl.commit import file_manifest
 from marti_ibrl.config import Config, RoleConfig
 from marti_ibrl.lora import AdapterRef
-from marti_ibrl.placement import has_reference, pool_engine_count
 from marti_ibrl.rollout.engines import create_engines
 
 
@@ -65,7 +65,7 @@ class RoleStack:
         """Create the role's engines and actor groups (models load in :meth:`init_models`). ``engines``: another
         role's engine set to serve this role's adapters too (``--rollout.share_engines``) instead of its own.
         ``shared_pg``: colocated (``--train.colocate role|all``), the placement group its engines, actor and
-        reference share (:func:`marti_ibrl.colocate.placement_groups`), each process a share of each bundle."""
+        reference share (:func:`marti_ibrl.cluster.colocate.placement_groups`), each process a share of each bundle."""
         from transformers import AutoTokenizer
 
         args = role_args(cfg, role, device)
@@ -78,7 +78,7 @@ class RoleStack:
             pool_engines = start_engines(cfg, role, role.pretrain, seed + 500, device, pool_engine_count(cfg, role))
         pg, share = None, 1
         if shared_pg is not None:
-            from marti_ibrl.colocate import ds_share
+            from marti_ibrl.cluster.colocate import ds_share
 
             pg, share = shared_pg, ds_share(cfg)
         elif has_reference(role) and role.colocate_ref:  # one GPU per rank, half to the actor, half to the reference
@@ -231,7 +231,7 @@ def start_engines(
 ) -> list:
     """Rollout engines serving ``model`` for ``role`` (:func:`engine_kind`), in the trainer's parameter dtype; on CPU
     each vLLM engine's KV cache holds its share of an iteration's dialogues (:func:`training_kv_sequences`).
-    ``shared_pg``: the colocated placement group they share with actors (:mod:`marti_ibrl.colocate`); they then
+    ``shared_pg``: the colocated placement group they share with actors (:mod:`marti_ibrl.cluster.colocate`); they then
     start asleep (OpenRLHF's ``vllm_enable_sleep``)."""
     use_vllm = engine_kind(cfg.rollout.engine, device) == "vllm"
     return create_engines(

@@ -7,6 +7,6 @@
 * the environments' own, added by their registry specs (``EnvSpec.commands``): :mod:`.dond` (``dond sample`` /
   ``dond check-data``), :mod:`.telesales` (``telesales profiles`` / ``telesales eval`` and ``sft``).
 
-The work each command does lives in the package it names (``marti_ibrl.plan``, ``marti_ibrl.eval``, ...); these
+The work each command does lives in the package it names (``marti_ibrl.cluster.plan``, ``marti_ibrl.eval``, ...); these
 modules only read flags, call it, and turn its errors into one line and an exit status.
 """

@@ -38,7 +38,7 @@ def cmd_diagnose(args) -> int:
         run_config(run_dir)
         from marti_ibrl.backend.cluster import start_ray
         from marti_ibrl.backend.stack import FrozenEngines
-        from marti_ibrl.device import resolve_device
+        from marti_ibrl.cluster.device import resolve_device
 
         device = resolve_device(args.device, "--device")
         start_ray(3, device, log_to_driver=False)  # at most: the checkpoint, the fixed and the in-system counterpart

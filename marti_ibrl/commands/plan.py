@@ -1,4 +1,4 @@
-"""``marti-ibrl plan``: the dry run of a recipe's flags on an allocation (:func:`marti_ibrl.plan.make_plan`), printed;
+"""``marti-ibrl plan``: the dry run of a recipe's flags on an allocation (:func:`marti_ibrl.cluster.plan.make_plan`), printed;
 exit 2 when the job does not fit.
 """
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from marti_ibrl.cluster.plan import MODEL_TABLE, PlanError, format_plan, make_plan, parse_flags
 from marti_ibrl.commands.argtypes import float_range, int_range
 from marti_ibrl.config import ConfigError
-from marti_ibrl.plan import MODEL_TABLE, PlanError, format_plan, make_plan, parse_flags
 
 
 def add_plan_parser(sub) -> None:
@@ -35,7 +35,7 @@ def add_plan_parser(sub) -> None:
         "--fit",
         action="store_true",
         help="propose the layouts that fit the allocation (colocation, ranks, engines, TP, ZeRO, micro-batch), best "
-        "first, each as the flags to add; when none does, the smallest allocation that would (marti_ibrl/layouts.py)",
+        "first, each as the flags to add; when none does, the smallest allocation that would (marti_ibrl/cluster/layouts.py)",
     )
     plan.set_defaults(func=main)
 
@@ -69,9 +69,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def fit(p, args: argparse.Namespace, config_file: str | None) -> int:
-    """``--fit``: the layouts of :func:`marti_ibrl.layouts.propose` for this allocation, or the smallest one that has
+    """``--fit``: the layouts of :func:`marti_ibrl.cluster.layouts.propose` for this allocation, or the smallest one that has
     some; exit 2 when nothing fits."""
-    from marti_ibrl.layouts import format_layouts, propose, smallest_fit
+    from marti_ibrl.cluster.layouts import format_layouts, propose, smallest_fit
 
     alloc = dict(nodes=p.nodes, gpus_per_node=p.gpus_per_node, gpu_memory_gib=p.gpu_memory / 2**30)
     kw = dict(model_config=args.model_config, config_file=config_file)

@@ -17,13 +17,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.flags)
-        from marti_ibrl.device import check_device_dtype, resolve_device
+        from marti_ibrl.cluster.device import check_device_dtype, resolve_device
 
         # before the trainer's imports (Ray, DeepSpeed) print anything
         check_device_dtype(cfg.ds.param_dtype, resolve_device(cfg.train.device))
     except ConfigError as e:
         return fail(e)
-    from marti_ibrl.backend.nodes import NodeLostError
+    from marti_ibrl.cluster.nodes import NodeLostError
     from marti_ibrl.trainer import TrainingStopped, train
 
     try:

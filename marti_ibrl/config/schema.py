@@ -190,14 +190,14 @@ class TrainConfig:
     device: str = "auto"
     """``auto`` (cuda when available), ``cpu`` or ``cuda``."""
     colocate: str = "none"
-    """Where rollout engines and DeepSpeed models sit (marti_ibrl/placement.py; OpenRLHF's hybrid engine,
+    """Where rollout engines and DeepSpeed models sit (marti_ibrl/cluster/placement.py; OpenRLHF's hybrid engine,
     ``--train.colocate_all --vllm.enable_sleep --ds.enable_sleep``): ``none``, every component on GPUs of its own;
     ``role``, each trained role's engines, actor and reference share that role's GPUs (``num_engines ×
     tensor_parallel_size`` = the actor's ranks, as OpenRLHF asks); ``all``, every trained role's on the same GPUs
     (equal rank counts; a joint rollout wakes every role's engines at once). Colocated, engines sleep while DeepSpeed
     trains, DeepSpeed's optimizer states leave the GPU while engines generate, and a role's own engines serve its
     pool snapshots (no pool engines). ``marti-ibrl plan`` prints each phase's memory and, for ``all``, whether the
-    roles' updates fit at once or run one after the other (marti_ibrl/colocate.py; docs/cluster.md)."""
+    roles' updates fit at once or run one after the other (marti_ibrl/cluster/colocate.py; docs/cluster.md)."""
     async_rollout: bool = False
     """Asynchronous IB-RL (docs/training.md, "Asynchronous rollouts"): the joint rollout of iteration k+1 runs on the
     weights the engines hold while the roles due at k compute experiences and update; k's weight syncs wait for it.
@@ -285,7 +285,7 @@ class PoolConfig:
     num_engines: int | None = None
     """Rollout engines per full-weight role serving its historical checkpoints (vLLM on GPU, HF generate on CPU).
     Unset: 1 per full-weight role. A LoRA role (``roleN.lora_rank > 0``) never has any: its snapshots are adapters its
-    own engines serve per request (:func:`marti_ibrl.placement.pool_engine_count`)."""
+    own engines serve per request (:func:`marti_ibrl.cluster.placement.pool_engine_count`)."""
     dtype: str = "bf16"
     """Snapshot dtype on disk: ``bf16`` (default) or ``fp32``."""
 
@@ -343,7 +343,7 @@ LR_SCHEDULES = ("constant", "cosine")
 """``--roleN.lr_schedule``: the rate after the warm-up (OpenRLHF's ``constant_with_warmup`` and ``cosine_with_min_lr``)."""
 ENGINES = ("auto", "vllm", "hf")
 COLOCATE = ("none", "role", "all")
-"""``--train.colocate`` modes (:func:`marti_ibrl.placement.placement`)."""
+"""``--train.colocate`` modes (:func:`marti_ibrl.cluster.placement.placement`)."""
 VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads ("Unsupported CPU attention configuration")
 
 

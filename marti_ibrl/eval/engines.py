@@ -55,7 +55,7 @@ def engine_factory(args, n_checkpoints: int):
     """Start Ray (one logical slot per engine on CPU) and return the engines' factory."""
     from marti_ibrl.backend.cluster import start_ray
     from marti_ibrl.backend.stack import FrozenEngines
-    from marti_ibrl.device import resolve_device
+    from marti_ibrl.cluster.device import resolve_device
 
     device = resolve_device(args.device, "--device")
     start_ray(n_checkpoints * args.num_engines, device, log_to_driver=False)

@@ -62,7 +62,7 @@ def evaluate(args, spec) -> int:
         env, scenarios = env_and_scenarios(args, spec)
         policies, pairs, roles_of = plan(args, spec)
         check_models(pairs)
-        from marti_ibrl.device import resolve_device
+        from marti_ibrl.cluster.device import resolve_device
 
         resolve_device(args.device, "--device")
         out = Path(args.out)

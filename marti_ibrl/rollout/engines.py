@@ -66,7 +66,7 @@ def create_engines(
 ):
     """Start a role's engines through OpenRLHF's ``create_vllm_engines`` with our engine class.
 
-    ``shared_pg``: a colocated placement group (:mod:`marti_ibrl.colocate`) they share with DeepSpeed ranks (each
+    ``shared_pg``: a colocated placement group (:mod:`marti_ibrl.cluster.colocate`) they share with DeepSpeed ranks (each
     engine takes 0.2 of its bundle, OpenRLHF's hybrid engine); ``sleep``: started with vLLM's sleep mode and put to
     sleep (``vllm_enable_sleep``; on CPU the engine class drops the mode, which vLLM-CPU refuses, and the sleep
     call is ignored there).
@@ -78,7 +78,7 @@ def create_engines(
     weight broadcast sends the trainer's tensors as they are (patch 0008). vLLM's prefix caching is on (a dialogue's
     next turn extends its previous prompt + reply; ``benchmarks/rollout_engines.py`` measures it); the HF engine
     caches per dialogue seat instead. On CPU vLLM runs eagerly: compiling the graph costs minutes on 2 cores.
-    ``device``: the run's (``cpu`` or ``cuda``: :func:`marti_ibrl.device.resolve_device`).
+    ``device``: the run's (``cpu`` or ``cuda``: :func:`marti_ibrl.cluster.device.resolve_device`).
     ``gpu_memory_utilization``: vLLM's share of each GPU (``--roleN.gpu_memory_utilization`` for a role's engines).
     """
     from openrlhf.trainer.ray.vllm_engine import create_vllm_engines

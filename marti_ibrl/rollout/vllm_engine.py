@@ -17,7 +17,7 @@ def _on_cpu(kwargs: dict, kv_sequences: int) -> None:
     import os
 
     # vLLM-CPU refuses sleep mode ("Sleep mode is not supported on current platform") and its worker
-    # ignores sleep/wake calls: a colocated run makes them all the same (marti_ibrl/colocate.py)
+    # ignores sleep/wake calls: a colocated run makes them all the same (marti_ibrl/cluster/colocate.py)
     kwargs["enable_sleep_mode"] = False
     if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vLLM's default: a share of RAM, ~9 GB here
         kwargs.setdefault(
@@ -68,7 +68,7 @@ def vllm_engine_class(device: str, kv_sequences: int = 64, lora: dict | None = N
     :class:`marti_ibrl.rollout.vllm_worker.EngineWorkerExtension` (OpenRLHF's ``WorkerWrap`` and more). On CPU its
     KV cache holds ``kv_sequences`` full-length sequences (:func:`cpu_kv_cache_bytes`). ``lora``: vLLM's LoRA
     settings (``max_loras``, ``max_lora_rank``, ``max_cpu_loras``) for a LoRA role's engines, which serve every
-    request with an adapter (``LoRARequest``). ``device``: the run's (:func:`marti_ibrl.device.resolve_device`)."""
+    request with an adapter (``LoRARequest``). ``device``: the run's (:func:`marti_ibrl.cluster.device.resolve_device`)."""
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
     base = RolloutRayActor.__ray_actor_class__

@@ -13,9 +13,9 @@ from tqdm import tqdm
 
 from marti_ibrl.algorithm import ablations
 from marti_ibrl.algorithm.advantages import GroupSpread
+from marti_ibrl.cluster.placement import frozen_checkpoints
 from marti_ibrl.config import Config, ConfigError
 from marti_ibrl.envs import make_env
-from marti_ibrl.placement import frozen_checkpoints
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.runner import first_turns_overflowing
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import ray
 
 from marti_ibrl.algorithm.pool import OpponentPool, Snapshot
+from marti_ibrl.cluster.placement import uses_pool
 from marti_ibrl.config import Config
-from marti_ibrl.placement import uses_pool
 from marti_ibrl.training.records import stream
 
 

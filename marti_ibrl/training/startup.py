@@ -15,16 +15,23 @@ import ray
 from marti_ibrl.backend.args import engine_kind
 from marti_ibrl.backend.cluster import init_ray, wait_for_cluster
 from marti_ibrl.backend.stack import RoleStack, start_engines
-from marti_ibrl.colocate import CPU_EFFECT, Hybrid, device_memory_gib, placement_groups, sleep_summary, updates_together
+from marti_ibrl.cluster.colocate import (
+    CPU_EFFECT,
+    Hybrid,
+    device_memory_gib,
+    placement_groups,
+    sleep_summary,
+    updates_together,
+)
+from marti_ibrl.cluster.phases import PHASES_FILE, PhaseLog
+from marti_ibrl.cluster.placement import colocated, frozen_checkpoints, shares_engines
+from marti_ibrl.cluster.topology import topology, write_topology
 from marti_ibrl.commit import STATE_FILE, Commit, RunDirError, clear_run, open_run_dir, pin_deepspeed_latest
 from marti_ibrl.config import Config, RoleConfig, to_yaml
 from marti_ibrl.outputs import OutputInUse, OutputLock, repair_jsonl
-from marti_ibrl.phases import PHASES_FILE, PhaseLog
-from marti_ibrl.placement import colocated, frozen_checkpoints, shares_engines
 from marti_ibrl.rewards import RoleRewards
 from marti_ibrl.rollout import transcripts
 from marti_ibrl.rollout.runner import DialogueRunner, Policy
-from marti_ibrl.topology import topology, write_topology
 from marti_ibrl.training.checks import SYNC_CHECKS_FILE
 
 APPEND_ONLY = (SYNC_CHECKS_FILE, PHASES_FILE, transcripts.TRANSCRIPTS_FILE)
@@ -94,7 +101,7 @@ def _prepare_run_dir(cfg: Config, roles: list[str], run_dir: Path, commit: Commi
 @dataclass
 class Processes:
     """What :func:`start_processes` started: every trained role's stack (DeepSpeed ranks, reference, engines), the
-    frozen roles' counterparts, the topology record, and the colocation phases (:class:`marti_ibrl.colocate.Hybrid`)."""
+    frozen roles' counterparts, the topology record, and the colocation phases (:class:`marti_ibrl.cluster.colocate.Hybrid`)."""
 
     stacks: dict[str, RoleStack]
     frozen: dict[str, list[Policy]]
@@ -135,7 +142,7 @@ def start_processes(cfg: Config, device: str, run_dir: Path, commit: Commit | No
         pin_deepspeed_latest(run_dir, actors, commit.iteration)
     with startup_stage("models loaded: every role's DeepSpeed ranks and reference"):
         ray.get([ref for s in stacks.values() for ref in s.init_models(cfg.train.iterations)])
-    # every phase change from here on: RUN/phases.jsonl (marti_ibrl/colocate.py)
+    # every phase change from here on: RUN/phases.jsonl (marti_ibrl/cluster/colocate.py)
     effect = CPU_EFFECT if colocated(cfg) and device != "cuda" else None
     together = updates_together(cfg, device_memory_gib(stacks) if device == "cuda" else None)
     hybrid = Hybrid(cfg, stacks, PhaseLog(run_dir, effect=effect), together)

@@ -86,7 +86,7 @@ def evaluate(args) -> int:
             print(settings, file=sys.stderr)
         policies, pairs = plan(args)
         check_models(pairs)
-        from marti_ibrl.device import resolve_device
+        from marti_ibrl.cluster.device import resolve_device
 
         resolve_device(args.device, "--device")  # before any work: the engines start later, when first needed
         env, scenarios = _env_and_scenarios(args)  # (a --data file that is not in Lewis format: one line)

@@ -47,7 +47,7 @@ def trained_role(stack: Any) -> dict:
 def engines_owner(cfg: Config, role: Any) -> str:
     """The role whose engine set serves ``role``'s rollouts: itself, or with ``--rollout.share_engines`` the first
     trained role (whose ``engines`` count the same processes: count them once)."""
-    from marti_ibrl.placement import shares_engines, trained_roles
+    from marti_ibrl.cluster.placement import shares_engines, trained_roles
 
     return trained_roles(cfg)[0].name if shares_engines(cfg, role) else role.name
 

@@ -1,7 +1,7 @@
 """The colocated hybrid engine (``--train.colocate role|all``, issue 37): which GPU bundles a role's processes share,
 and when its engines sleep and wake and its DeepSpeed states are offloaded and reloaded.
 
-An iteration runs the phases :func:`marti_ibrl.placement.phases` lists (``marti-ibrl plan`` prints them):
+An iteration runs the phases :func:`marti_ibrl.cluster.placement.phases` lists (``marti-ibrl plan`` prints them):
 
 1. **generation** — every trained role's engines wake (all of vLLM's memory, or only the KV cache when a weight sync
    already woke the weights), the joint rollout runs, and they sleep again (vLLM sleep level 1: weights to CPU, KV
@@ -17,8 +17,8 @@ An iteration runs the phases :func:`marti_ibrl.placement.phases` lists (``marti-
 3. **sync** — each updated role's engines wake their weights only and take the actor's (OpenRLHF's
    ``broadcast_to_vllm`` with ``--vllm.enable_sleep``); the next generation wakes their KV cache.
 
-Every step is one line of ``RUN/phases.jsonl`` (:class:`marti_ibrl.phases.PhaseLog`), in every mode (``none``
-records generate, train and sync only), so the order is tested from what ran (:func:`marti_ibrl.phases.violations`).
+Every step is one line of ``RUN/phases.jsonl`` (:class:`marti_ibrl.cluster.phases.PhaseLog`), in every mode (``none``
+records generate, train and sync only), so the order is tested from what ran (:func:`marti_ibrl.cluster.phases.violations`).
 
 On CPU the calls are the same and in the same order, and change nothing: vLLM-CPU cannot be built with sleep mode
 (``enable_sleep_mode`` is dropped there, :func:`marti_ibrl.rollout.vllm_engine.vllm_engine_class`) and its worker ignores
@@ -35,9 +35,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from marti_ibrl.cluster.phases import PhaseLog
+from marti_ibrl.cluster.placement import colocated, has_reference, trained_roles
 from marti_ibrl.config import Config
-from marti_ibrl.phases import PhaseLog
-from marti_ibrl.placement import colocated, has_reference, trained_roles
 
 ENGINE_SHARE = 0.2
 """The share of a bundle's GPU each engine asks for on a shared placement group: OpenRLHF's ``create_vllm_engines``
@@ -86,7 +86,7 @@ def updates_together(cfg: Config, gpu_memory_gib: float | None) -> bool:
     nothing is freed, at once)."""
     if cfg.train.colocate != "all" or gpu_memory_gib is None or len(trained_roles(cfg)) < 2:
         return True
-    from marti_ibrl.plan import make_plan
+    from marti_ibrl.cluster.plan import make_plan
 
     return bool(make_plan(cfg, gpu_memory_gib=gpu_memory_gib).updates_together)
 

@@ -11,7 +11,7 @@ the trained roles — the same for each full-weight role, as the paper's recipes
   engines; ``all``: one engine GPU per actor GPU, each engine given 0.2-0.4 of a GPU), 1 or 2 pool engines per
   role,
 
-keeps each one that validates as ``train`` would and that :func:`marti_ibrl.plan.make_plan` finds fitting (no
+keeps each one that validates as ``train`` would and that :func:`marti_ibrl.cluster.plan.make_plan` finds fitting (no
 problem: GPUs, memory per GPU, a KV cache for one sequence), and ranks them: fewest GPUs left idle, then fewest flags
 changed (the recipe itself first when it fits), then most rollout-engine GPUs (the part of an iteration more GPUs
 shorten; the planner has no time model). The
@@ -27,8 +27,8 @@ import copy
 import itertools
 from dataclasses import dataclass, field
 
+from marti_ibrl.cluster.placement import device_slots, has_reference, uses_pool
 from marti_ibrl.config import Config, ConfigError, Existence, validate
-from marti_ibrl.placement import device_slots, has_reference, uses_pool
 
 RANKS = (1, 2, 4, 8, 16, 32)
 TENSOR_PARALLEL = (1, 2, 4, 8)
@@ -130,7 +130,7 @@ def propose(
     limit: int = 5,
 ) -> list[Layout]:
     """The ``limit`` best layouts that fit (ranked as in the module doc); empty when none does."""
-    from marti_ibrl.plan import make_plan
+    from marti_ibrl.cluster.plan import make_plan
 
     total = nodes * gpus_per_node
     found: dict[tuple, Layout] = {}

@@ -2,7 +2,7 @@
 
 ``marti-ibrl plan --config X.yaml [train flags...] [--nodes 4 --gpus-per-node 8 --gpu-memory 80]`` parses the flags
 exactly as ``train`` does (:func:`marti_ibrl.config.load_config`), lists every component ``train`` would start
-(:func:`marti_ibrl.placement.placement`, the same function that sizes ``train``'s Ray start-up), estimates each one's
+(:func:`marti_ibrl.cluster.placement.placement`, the same function that sizes ``train``'s Ray start-up), estimates each one's
 memory per GPU, and exits 2 with one message when the job does not fit the allocation (GPU count or memory).
 
 Without ``--strict``, paths and environment variables that only exist on the cluster (checkpoints, ``env.data``,
@@ -23,7 +23,7 @@ Memory model, per GPU (GiB = 2^30 bytes; P parameters, W ranks of the role, w = 
   batch (:attr:`Usage.kv_use`): the dialogues it serves per iteration × one ``rollout.max_len``-token sequence each
   (an upper bound) ÷ its KV cache.
 
-Colocated (``--train.colocate role|all``, :func:`~marti_ibrl.placement.phases`), a GPU holds several components and
+Colocated (``--train.colocate role|all``, :func:`~marti_ibrl.cluster.placement.phases`), a GPU holds several components and
 its memory depends on the phase (:func:`phase_usages`): in *generation* each engine its whole budget above and each
 actor (with its reference) only its resident parts — bf16 weights (and adapter), the reference's weights, process
 overheads — since OpenRLHF's ``--ds.enable_sleep`` offloads optimizer states, gradients and fp32 master weights
@@ -46,8 +46,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marti_ibrl.config import Config, ConfigError, load_config
-from marti_ibrl.placement import (
+from marti_ibrl.cluster.placement import (
     ACTOR,
     ENGINES,
     FROZEN_ENGINES,
@@ -63,6 +62,7 @@ from marti_ibrl.placement import (
     reference_on_actor_gpus,
     trained_roles,
 )
+from marti_ibrl.config import Config, ConfigError, load_config
 
 GiB = 1024**3
 PROCESS_OVERHEAD = 1 * GiB
