@@ -12,7 +12,7 @@ for another), with a rank-``--rank`` all-linear adapter (random B, as a trained 
 * **rollout tokens/s**: an engine without LoRA serving the base, and a LoRA engine serving the base (no adapter), one
   adapter, and ``--adapters`` different adapters mixed in one batch (concurrent requests, as a history iteration's
   current + snapshot policies arrive), same prompts and seeds.
-* projections for Qwen3.5-4B / 9B (``marti_ibrl.cluster.plan``'s architecture formula): adapter vs full snapshot bytes,
+* projections for Qwen3.5-4B / 9B (``marti_ibrl.cluster.sizing``'s architecture formula): adapter vs full snapshot bytes,
   and a pool of K = 4.
 
 Last line: ``lora/full snapshot bytes ratio: X`` (this model).
@@ -94,7 +94,7 @@ def main() -> None:
 
     from marti_ibrl.algorithm.pool import file_sha256
     from marti_ibrl.backend.cluster import start_ray
-    from marti_ibrl.cluster.plan import MODEL_TABLE, lora_params, model_spec
+    from marti_ibrl.cluster.sizing import MODEL_TABLE, lora_params, model_spec
     from marti_ibrl.lora import AdapterRef, vllm_max_lora_rank, write_adapter
     from marti_ibrl.rollout.engines import create_engines
 

@@ -38,8 +38,8 @@ COLORS = {  # (role index, kind) -> colour
 def _bars(plan) -> list[tuple[str, list[list[tuple[str, float, str, bool]]]]]:
     """Per phase: per GPU, the (label, GiB, colour, state) segments stacked on it; state: ``""``, ``asleep`` (an
     engine) or ``resident`` (a DeepSpeed rank holding only its weights)."""
+    from marti_ibrl.cluster.memory import GiB
     from marti_ibrl.cluster.placement import REFERENCE, gpu_map
-    from marti_ibrl.cluster.plan import GiB
 
     cfg = plan.cfg
     roles = [r.name for r in cfg.roles]

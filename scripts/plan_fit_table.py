@@ -31,7 +31,7 @@ def recipe_flags(recipe: str) -> list[str]:
 
 def section() -> str:
     from marti_ibrl.cluster.layouts import propose, smallest_fit
-    from marti_ibrl.cluster.plan import parse_flags
+    from marti_ibrl.commands.plan import parse_flags
 
     rows = [
         "| recipe | allocation | best layout that fits (`plan --fit`, first of up to 5) | flags to add |",

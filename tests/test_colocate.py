@@ -11,6 +11,7 @@ from fake_model import fake_checkpoint
 from test_plan import ROOT, TINY_QWEN2, checkpoints, recipe_env, recipe_flags, sbatch_allocation  # noqa: F401
 
 from marti_ibrl.cli import main as cli_main
+from marti_ibrl.cluster.memory import PROCESS_OVERHEAD, VLLM_ASLEEP, VLLM_RUNTIME, GiB
 from marti_ibrl.cluster.placement import (
     ACTOR,
     ENGINES,
@@ -23,7 +24,8 @@ from marti_ibrl.cluster.placement import (
     placement,
     pool_served_by,
 )
-from marti_ibrl.cluster.plan import MODEL_TABLE, PROCESS_OVERHEAD, VLLM_ASLEEP, VLLM_RUNTIME, GiB, make_plan, model_spec
+from marti_ibrl.cluster.plan import make_plan
+from marti_ibrl.cluster.sizing import MODEL_TABLE, model_spec
 from marti_ibrl.config import ConfigError, load_config
 
 RECIPES = ["dond/qwen3.5-4b-colocated", "telesales/qwen3.5-4b-colocated"]
@@ -208,7 +210,7 @@ VOCAB, HIDDEN, INTER, LAYERS = 248320, 2560, 9216, 32
 
 
 def _actor_by_hand(max_len: int, rollout_micro: int, entropy: bool) -> dict[str, int]:
-    """A ZeRO-3 bf16 rank of 8 with its colocated reference (module docstring of marti_ibrl/cluster/plan.py)."""
+    """A ZeRO-3 bf16 rank of 8 with its colocated reference (module docstring of marti_ibrl/cluster/memory.py)."""
     largest = VOCAB * HIDDEN  # the embedding: the largest tensor ZeRO-3 gathers
     per_token_layer = 2 * (8 * HIDDEN + 3 * INTER)
     update = max_len * (LAYERS * 2 * HIDDEN + per_token_layer + VOCAB * (10 + 8 * entropy))  # checkpointing, micro 1

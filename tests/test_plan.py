@@ -12,8 +12,10 @@ import pytest
 from fake_model import fake_checkpoint
 
 from marti_ibrl.cli import main as cli_main
+from marti_ibrl.cluster.memory import PROCESS_OVERHEAD, VLLM_RUNTIME, GiB
 from marti_ibrl.cluster.placement import ACTOR, ENGINES, device_slots, placement
-from marti_ibrl.cluster.plan import MODEL_TABLE, PROCESS_OVERHEAD, VLLM_RUNTIME, GiB, make_plan, model_spec
+from marti_ibrl.cluster.plan import make_plan
+from marti_ibrl.cluster.sizing import MODEL_TABLE, model_spec
 from marti_ibrl.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,7 +291,7 @@ def test_plan_lora_roles(tmp_path, capsys):
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from marti_ibrl.cluster.plan import lora_params
+    from marti_ibrl.cluster.sizing import lora_params
 
     m = _tiny_qwen2(tmp_path)
     flags = [

@@ -86,9 +86,9 @@ def updates_together(cfg: Config, gpu_memory_gib: float | None) -> bool:
     nothing is freed, at once)."""
     if cfg.train.colocate != "all" or gpu_memory_gib is None or len(trained_roles(cfg)) < 2:
         return True
-    from marti_ibrl.cluster.plan import make_plan
+    from marti_ibrl.cluster.plan import roles_update_together
 
-    return bool(make_plan(cfg, gpu_memory_gib=gpu_memory_gib).updates_together)
+    return roles_update_together(cfg, gpu_memory_gib)
 
 
 def device_memory_gib(stacks: Mapping[str, Any]) -> float:

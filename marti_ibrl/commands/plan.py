@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from marti_ibrl.cluster.plan import MODEL_TABLE, PlanError, format_plan, make_plan, parse_flags
+from marti_ibrl.cluster.plan import make_plan
+from marti_ibrl.cluster.plan_format import format_plan
+from marti_ibrl.cluster.sizing import MODEL_TABLE, PlanError
 from marti_ibrl.commands.argtypes import float_range, int_range
-from marti_ibrl.config import ConfigError
+from marti_ibrl.config import Config, ConfigError, load_config
 
 
 def add_plan_parser(sub) -> None:
@@ -93,3 +96,15 @@ def fit(p, args: argparse.Namespace, config_file: str | None) -> int:
         file=sys.stderr,
     )
     return 2
+
+
+def parse_flags(flags: list[str], strict: bool) -> tuple[Config, list[str]]:
+    """``load_config(flags)`` exactly as ``train``; without ``strict``, missing paths and variables are assumed."""
+    if "--config" in flags:
+        i = flags.index("--config")
+        if i + 1 < len(flags) and not Path(flags[i + 1]).is_file():
+            raise ConfigError(f"--config: no such file {flags[i + 1]}")
+    if strict:
+        return load_config(flags), []
+    missing: list[str] = []
+    return load_config(flags, assumed=missing), missing
