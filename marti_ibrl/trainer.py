@@ -181,13 +181,10 @@ class IBRLTrainer:
         with self.hybrid.generation(k):
             loads = snapshot_loads(plays)  # colocated: pool snapshots its own engines serve, per pass
             trajectories = self.runner.run(
-                [p.scenario for p in plays],
+                [p.request() for p in plays],  # each pairing a pass: batched and seeded apart, one after the other ...
                 cfg.rollout.n_samples_per_prompt,
-                [p.policies for p in plays],
                 progress=True,
                 seed=self._seed("rollout", k),
-                rotation=[p.index for p in plays],  # both pairings of a scenario alternate openers alike
-                passes=[p.pass_ for p in plays],  # each pairing batched and seeded apart: one after the other ...
                 before_pass=(lambda n: self.hybrid.load_snapshots(k, loads.get(n, {}))) if loads else None,
             )  # ... when its snapshots are loaded into engines that serve current policies too
         g = cfg.rollout.n_samples_per_prompt

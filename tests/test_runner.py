@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from marti_ibrl.envs.dond import DondEnv, DondScenario
 from marti_ibrl.rewards import env_reward
 from marti_ibrl.rollout.render import RoleView
-from marti_ibrl.rollout.runner import CONTEXT_LIMIT, DialogueRunner, Policy, seats_for
+from marti_ibrl.rollout.runner import CONTEXT_LIMIT, DialogueRunner, Policy, requests, seats_for
 from marti_ibrl.tiny import IM_START, build_tiny_model, dond_corpus
 
 pytestmark = pytest.mark.e2e  # the module fixture ray_local starts a local Ray (tests/tiers.py)
@@ -139,7 +139,7 @@ def rollout(tok, ray_local):
         max_resamples=2,
     )
     policies = {role: Policy("current", [engines[role]], tok) for role in ROLES}
-    trajs = runner.run([(uid, s) for uid, s, _ in SCENARIOS], n_samples=2, policies=policies)
+    trajs = runner.run(requests([(uid, s) for uid, s, _ in SCENARIOS], policies), n_samples=2)
     stats = {role: ray.get(engines[role].stats.remote()) for role in ROLES}
     stats["sessions"] = {role: ray.get(engines[role].sessions.remote()) for role in ROLES}
     return env, trajs, stats

@@ -25,7 +25,9 @@ from marti_ibrl.rollout.runner import (
     COUNTERPART_FAILURE,
     DialogueRunner,
     Policy,
+    Request,
     first_turns_overflowing,
+    requests,
     seats_for,
 )
 from marti_ibrl.tiny import IM_END, IM_START
@@ -112,10 +114,10 @@ def _run(env, tok, policies_for_agent2, seed: int = 0, max_live: int | None = No
     )
     current = Policy("current", [engine], tok)
     if isinstance(policies_for_agent2, Policy):
-        mapping = {"agent1": current, "agent2": policies_for_agent2}
+        asked = requests(SCENARIOS, {"agent1": current, "agent2": policies_for_agent2})
     else:
-        mapping = [{"agent1": current, "agent2": p} for p in policies_for_agent2]
-    trajs = runner.run(SCENARIOS, n_samples=N_SAMPLES, policies=mapping, seed=seed, max_live=max_live)
+        asked = [Request(*s, {"agent1": current, "agent2": p}) for s, p in zip(SCENARIOS, policies_for_agent2)]
+    trajs = runner.run(asked, n_samples=N_SAMPLES, seed=seed, max_live=max_live)
     return trajs, engine
 
 
@@ -231,8 +233,6 @@ def test_per_scenario_policies_pool_of_n(env, tok, no_ray) -> None:
         assert "agent2" not in t.views
     # the fair bot really played s1: the greedy bot would not have said the same things
     assert not all(_replays_bot(env, t, "greedy") for t in by_uid["s1"])
-    with pytest.raises(ValueError, match="1 policy mappings for 2 scenarios"):
-        _run(env, tok, [_bot("greedy")], seed=0)
 
 
 def test_a_failed_text_turn_ends_only_that_dialogue(env, tok, no_ray) -> None:
@@ -438,10 +438,8 @@ def test_rotation_gives_every_copy_of_a_scenario_its_batch_positions_openers(env
     def openers(trajs):
         return [[t.seats[0] for t in trajs[i : i + N_SAMPLES]] for i in range(0, len(trajs), N_SAMPLES)]
 
-    rotated = runner.run(twice, n_samples=N_SAMPLES, policies=policies, rotation=[0, 0])
+    rotated = runner.run([Request(*s, policies, rotation=0) for s in twice], n_samples=N_SAMPLES)
     assert openers(rotated) == [["agent1", "agent2", "agent1"]] * 2
     assert [t.scenario_uid for t in rotated] == ["s0"] * 2 * N_SAMPLES
-    by_position = runner.run(twice, n_samples=N_SAMPLES, policies=policies)
+    by_position = runner.run(requests(twice, policies), n_samples=N_SAMPLES)
     assert openers(by_position) == [["agent1", "agent2", "agent1"], ["agent2", "agent1", "agent2"]]
-    with pytest.raises(ValueError, match="1 rotation indices for 2 scenarios"):
-        runner.run(twice, n_samples=1, policies=policies, rotation=[0])

@@ -365,7 +365,7 @@ class ScriptPlayer:
 
 def test_runner_resamples_then_applies_the_fallback() -> None:
     from marti_ibrl.rewards import env_reward
-    from marti_ibrl.rollout.runner import DialogueRunner, Policy
+    from marti_ibrl.rollout.runner import DialogueRunner, Policy, requests
 
     env = TeleSalesEnv()
     phone = PROFILE["lead"]["phone_number"]
@@ -373,7 +373,7 @@ def test_runner_resamples_then_applies_the_fallback() -> None:
     cust = ScriptPlayer("bot:customer", ["{bad", "{bad", "still bad", "AgreeWeChat", "ConfirmAdded"])
     runner = DialogueRunner(env, {r: env_reward(env) for r in env.roles}, {"max_new_tokens": 8}, max_len=1 << 20)
     policies = {"sales": Policy("bot:sales", player=sales), "customer": Policy("bot:customer", player=cust)}
-    (traj,) = runner.run([("p0", PROFILE)], n_samples=1, policies=policies)  # env.fixed_seats: sales opens
+    (traj,) = runner.run(requests([("p0", PROFILE)], policies), n_samples=1)  # env.fixed_seats: sales opens
     assert cust.calls == 5 and not cust.script and not sales.script
     assert [(t.role, t.valid, t.resamples) for t in traj.turns] == [
         ("sales", True, 0), ("customer", False, 2), ("sales", True, 0), ("customer", True, 0),

@@ -30,7 +30,7 @@ from typing import Any
 from marti_ibrl.eval.episodes import SELF, Named, read_episodes, resume_episodes
 from marti_ibrl.progress import bar as progress_bar
 from marti_ibrl.rollout.dialogue import Trajectory
-from marti_ibrl.rollout.runner import DialogueRunner, Policy
+from marti_ibrl.rollout.runner import DialogueRunner, Policy, Request
 
 
 def episode_id(uid: str, policy_role: str, sample: int) -> str:
@@ -217,12 +217,10 @@ class Evaluator:
                     played[k].append(rec)
 
                 self.runner.run(
-                    scenarios,
+                    [Request(*s, ps, order) for s, ps, order in zip(scenarios, seat_policies, seats, strict=True)],
                     samples,
-                    seat_policies,
                     progress=progress,
                     seed=seed,
-                    seats=seats,
                     max_live=self.chunk,
                     on_done=write,
                 )  # its own bar counts the dialogues of this call as they end

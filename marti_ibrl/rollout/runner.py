@@ -80,6 +80,25 @@ class Policy:
 
 
 @dataclass
+class Request:
+    """One scenario for :meth:`DialogueRunner.run` to play ``n_samples`` times: who plays each role's seat and how."""
+
+    uid: str
+    scenario: Any
+    policies: Mapping[str, Policy]  # role -> the policy in its seat
+    seats: Sequence[str] | None = None  # the speaking order; default: the env's fixed seats, else rotated (seats_for)
+    rotation: int | None = None  # where the default rotation counts from; default: the request's position in the call
+    pass_: int = 0  # the pass it is played in (module doc): each pass batched and seeded apart
+
+
+def requests(
+    scenarios: Sequence[tuple[str, Any]], policies: Mapping[str, Policy], seats: Sequence[str] | None = None
+) -> list[Request]:
+    """Every scenario played by the same ``policies`` (and speaking order ``seats``, when given)."""
+    return [Request(uid, scenario, policies, seats) for uid, scenario in scenarios]
+
+
+@dataclass
 class _Live:
     traj: Trajectory
     session: str  # the engines' prefix-cache key (hex)
@@ -150,55 +169,35 @@ class DialogueRunner:
 
     def run(
         self,
-        scenarios: Sequence[tuple[str, Any]],
+        requests: Sequence[Request],
         n_samples: int,
-        policies: Mapping[str, Policy] | Sequence[Mapping[str, Policy]],
         progress: bool = False,
         seed: int = 0,
-        seats: Sequence[Sequence[str]] | None = None,
         max_live: int | None = None,
-        rotation: Sequence[int] | None = None,
         on_done: Callable[[int, Trajectory], None] | None = None,
-        passes: Sequence[int] | None = None,
         before_pass: Callable[[int], None] | None = None,
     ) -> list[Trajectory]:
-        """Play ``n_samples`` dialogues per (uid, scenario); ``policies[role]`` plays ``role``'s seat.
+        """Play ``n_samples`` dialogues per :class:`Request` (its policies in their seats, its speaking order, its
+        pass). ``seed`` makes the sampling reproducible (see the module doc); trajectories come back in request
+        order: request by request, sample by sample.
 
-        ``policies`` is one mapping for every scenario, or one per scenario (e.g. a frozen counterpart
-        sampled per prompt). ``seed`` makes the sampling reproducible (see the module doc). ``seats``: the
-        speaking order per scenario (default: the env's ``fixed_seats`` when it has one, e.g. TeleSales where the
-        sales agent always opens; otherwise openers rotate over scenarios and samples, :func:`seats_for`).
-        ``max_live``: at most this many dialogues in play at once; a finished one is replaced by the next
-        waiting one at the following turn, so the engines' batches stay full (default: all at once).
-        ``rotation``: per scenario, the index the default seat rotation counts from (default: its position; the
-        trainer plays a scenario once per Eq. 6 pairing and gives every copy the scenario's batch position, so the
-        openers alternate alike in every pairing). ``on_done(i, trajectory)``: called (on this thread) as soon as a
-        dialogue of ``scenarios[i]`` has ended and its rewards are in, in the order they end: what a caller that
-        stores episodes needs to lose none when it is killed (``marti-ibrl eval``). Trajectories come back in request
-        order: scenario by scenario, sample by sample.
-
-        ``passes``: per scenario, the pass it is played in (default: one pass); each pass is batched and seeded apart.
-        ``before_pass(p)``: given, the passes play one after another in ascending order, the hook called before
-        each (e.g. to load a pool snapshot into engines: :attr:`Policy.weights`); else all at once. Either way the
-        same dialogues come out (with ``max_live`` None: every dialogue of a pass starts at its first turn).
+        ``max_live``: at most this many dialogues in play at once; a finished one is replaced by the next waiting one
+        at the following turn, so the engines' batches stay full (default: all at once). ``on_done(i, trajectory)``:
+        called (on this thread) as soon as a dialogue of ``requests[i]`` has ended and its rewards are in, in the
+        order they end: what a caller that stores episodes needs to lose none when it is killed (``marti-ibrl
+        eval``). ``before_pass(p)``: given, the passes play one after another in ascending order, the hook called
+        before each (e.g. to load a pool snapshot into engines: :attr:`Policy.weights`); else all at once. Either
+        way the same dialogues come out (with ``max_live`` None: every dialogue of a pass starts at its first turn).
         """
         if max_live is not None and max_live < 1:
             raise ValueError(f"max_live must be >= 1, got {max_live}")
-        per_scenario = [policies] * len(scenarios) if isinstance(policies, Mapping) else list(policies)
-        if len(per_scenario) != len(scenarios):
-            raise ValueError(f"{len(per_scenario)} policy mappings for {len(scenarios)} scenarios")
-        if seats is not None and len(seats) != len(scenarios):
-            raise ValueError(f"{len(seats)} seat orders for {len(scenarios)} scenarios")
-        if rotation is not None and len(rotation) != len(scenarios):
-            raise ValueError(f"{len(rotation)} rotation indices for {len(scenarios)} scenarios")
-        if passes is not None and len(passes) != len(scenarios):
-            raise ValueError(f"{len(passes)} passes for {len(scenarios)} scenarios")
-        rotated = list(range(len(scenarios)) if rotation is None else rotation)
         waiting = [
-            self._request(si, uid, scenario, g, per_scenario[si], seed, order, passes[si] if passes else 0)
-            for si, (uid, scenario) in enumerate(scenarios)
+            self._request(si, r.uid, r.scenario, g, r.policies, seed, order, r.pass_)
+            for si, r in enumerate(requests)
             for g in range(n_samples)
-            for order in [list(seats[si]) if seats is not None else self._seats(rotated[si], g)]
+            for order in [
+                list(r.seats) if r.seats is not None else self._seats(si if r.rotation is None else r.rotation, g)
+            ]
         ]
         request_order = {id(item.traj): i for i, item in enumerate(waiting)}
         total = len(waiting)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from marti_ibrl.algorithm.pool import Pairing, Snapshot, pairings
-from marti_ibrl.rollout.runner import Policy
+from marti_ibrl.rollout.runner import Policy, Request
 
 
 @dataclass
@@ -22,6 +22,12 @@ class Play:
     policies: dict[str, Policy]
     learners: tuple[str, ...]
     pass_: int = 0  # the rollout pass (DialogueRunner.run): 0 for a pairing of current policies, then 1, 2, ...
+
+    def request(self) -> Request:
+        """What the runner plays: the scenario, its seats, its batch position as the seat rotation (both pairings of a
+        scenario alternate openers alike) and its pass."""
+        uid, scenario = self.scenario
+        return Request(uid, scenario, self.policies, rotation=self.index, pass_=self.pass_)
 
 
 def current_policy(stack) -> Policy:

@@ -54,7 +54,7 @@ from marti_ibrl.eval.telesales.rubric import SCORES
 from marti_ibrl.llm import AsyncChatClient, ChatFailure
 from marti_ibrl.progress import bar as progress_bar
 from marti_ibrl.rollout.dialogue import Trajectory
-from marti_ibrl.rollout.runner import COUNTERPART_FAILURE, DialogueRunner, Policy
+from marti_ibrl.rollout.runner import COUNTERPART_FAILURE, DialogueRunner, Policy, requests
 
 EPISODES, RESULTS, SUMMARY, FIGURE = "episodes", "results.md", "summary.json", "success_at_n.png"
 STORY_FAILURE = "story_failure"
@@ -241,9 +241,8 @@ class TeleSalesEvaluator:
                         seed = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
                         ended: list[Future] = []
                         runner.run(
-                            cases,
+                            requests(cases, seats),
                             self.samples,
-                            seats,
                             seed=seed,
                             max_live=self.concurrency,
                             on_done=lambda i, traj, ended=ended: ended.append(audits.submit(finish, traj)),
