@@ -114,6 +114,15 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_players(p)
+    _add_scenarios_and_protocol(p)
+    _add_engines_and_output(p)
+    p.set_defaults(func=cmd_eval)
+    return p
+
+
+def _add_players(p: argparse.ArgumentParser) -> None:
+    """Who plays: the policies, their counterparts and the pairings (or people's games instead)."""
     p.add_argument("--policy", action="append", default=[], metavar="NAME=PATH", help="HF checkpoint to evaluate")
     p.add_argument(
         "--human-db",
@@ -148,6 +157,10 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--self-play", action="store_true", help="also play each policy against itself")
     p.add_argument("--cross-play", action="store_true", help="also play every policy against every other policy")
+
+
+def _add_scenarios_and_protocol(p: argparse.ArgumentParser) -> None:
+    """The scenarios played, and the protocol and sampling flags (defaulting to the training run's)."""
     p.add_argument(
         "--env",
         default=None,
@@ -188,6 +201,10 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float_range(0, 1, lo_open=True), default=None, help=default["top_p"])
     p.add_argument("--max-new-tokens", type=int_range(1), default=None, help=default["max_new_tokens"])
     p.add_argument("--max-len", type=int_range(2), default=None, help=default["max_len"])
+
+
+def _add_engines_and_output(p: argparse.ArgumentParser) -> None:
+    """The engines that serve the checkpoints, and where the episodes go."""
     p.add_argument("--num-engines", type=int_range(1), default=1, help="rollout engines per checkpoint")
     p.add_argument(
         "--batch", type=int_range(1), default=64, help="episodes played concurrently (split across the engines)"
@@ -202,5 +219,3 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
         help="--out holds another evaluation's episodes (other settings or policies): delete them and play afresh "
         "(without it the eval refuses; the same evaluation always resumes)",
     )
-    p.set_defaults(func=cmd_eval)
-    return p
