@@ -260,15 +260,22 @@ class TeleSalesEnv:
 
     def _record(self, state: TeleSalesState, role: str, text: str, end: str | None) -> None:
         """Append an applied turn; end the call with ``end`` or, failing that, at the turn limit."""
-        state.history.append((role, text))
-        state.n_turns += 1
-        if end or state.n_turns >= self.max_turns:
-            self._end(state, end or TURN_LIMIT)
+        if why := record_turn(state, role, text, end, self.max_turns):
+            self._end(state, why)
 
     @staticmethod
     def _end(state: TeleSalesState, reason: str) -> None:
         state.done = True
         state.reason = reason
+
+
+def record_turn(state: Any, role: str, text: str, end: str | None, max_turns: int) -> str | None:
+    """The call bookkeeping both TeleSales envs share (training's and the evaluation's): an applied turn appended to
+    ``state.history`` and counted; the reason the call ends with (``end``, else :data:`TURN_LIMIT` once ``max_turns``
+    turns are played), or None while it goes on."""
+    state.history.append((role, text))
+    state.n_turns += 1
+    return end or (TURN_LIMIT if state.n_turns >= max_turns else None)
 
 
 def check_turn(state: Any, role: str) -> None:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marti_ibrl.envs.base import Outcome, TurnResult
-from marti_ibrl.envs.telesales.env import TeleSalesEnv, check_turn
+from marti_ibrl.envs.telesales.env import TeleSalesEnv, check_turn, record_turn
 from marti_ibrl.envs.telesales.profiles import TRAIN_ALIASES, TRAIN_GROUPS, sales_view
 from marti_ibrl.envs.telesales.prompts import sales_eval_prompt, sales_prompt
 from marti_ibrl.envs.telesales.protocol import ToolCall, parse_sales_turn, reused_tool
@@ -320,10 +320,8 @@ class TeleSalesEvalEnv:
     # -- helpers -------------------------------------------------------------------------------------------------
 
     def _record(self, state: EvalCallState, role: str, text: str, end: str | None) -> None:
-        state.history.append((role, text))
-        state.n_turns += 1
-        if end or state.n_turns >= state.max_turns:
-            self._end(state, end or TURN_LIMIT)
+        if why := record_turn(state, role, text, end, state.max_turns):
+            self._end(state, why)
 
     @staticmethod
     def _end(state: EvalCallState, reason: str) -> None:
