@@ -47,16 +47,15 @@ import json
 import logging
 import os
 import random
-import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
 
 from marti_ibrl import safeparse
+from marti_ibrl.reply_schema import ReplySchema
 
 T = TypeVar("T")
 RETRIED = frozenset({"timeout", "connect", "transport", "http_429", "http_5xx", "bad_json", "empty", "bad_output"})
@@ -64,7 +63,6 @@ STRUCTURED = ("auto", "on", "off")
 """The ``structured`` settings of :class:`AsyncChatClient` (module doc)."""
 SCHEMA_REFUSALS = ("response_format", "json_schema", "json schema", "structured output")
 """What a refusal of the schema names in its body (lower case; :func:`refuses_schema`)."""
-_SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class Fault(Exception):
@@ -155,60 +153,6 @@ def parse_json_reply(text: str, validator: Callable[[dict], T]) -> T:
         return validator(obj)
     except ValueError as e:
         raise Fault("bad_output", str(e)) from None
-
-
-# ---- structured outputs ----
-@dataclass(frozen=True)
-class ReplySchema:
-    """The JSON schema of one reply type, sent as strict structured outputs (module doc). ``name``: 1-64 letters,
-    digits, ``_`` or ``-`` (OpenAI's rule); ``schema``: an object schema (strict mode wants an object at the root)."""
-
-    name: str
-    schema: Mapping[str, Any]
-
-    def __post_init__(self) -> None:
-        if not _SCHEMA_NAME.match(self.name):
-            raise ValueError(f"a reply schema name is 1-64 letters, digits, _ or -, got {self.name!r}")
-        if self.schema.get("type") != "object":
-            raise ValueError(f"reply schema {self.name!r}: the root must be an object schema")
-
-    def response_format(self) -> dict[str, Any]:
-        """The request's ``response_format`` field."""
-        return {"type": "json_schema", "json_schema": {"name": self.name, "schema": dict(self.schema), "strict": True}}
-
-
-TEXT: dict[str, Any] = {"type": "string"}
-"""Any string: "non-empty" is left to the validators (no ``pattern`` / ``minLength``, module doc)."""
-
-
-def closed_object(properties: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """An object with exactly ``properties``, every one required (strict mode needs both), in this order."""
-    return {
-        "type": "object",
-        "properties": dict(properties),
-        "required": list(properties),
-        "additionalProperties": False,
-    }
-
-
-def one_of(values: Sequence[Any], kind: str = "string") -> dict[str, Any]:
-    """A ``kind`` value among ``values``."""
-    return {"type": kind, "enum": list(values)}
-
-
-def number_in(low: float, high: float, kind: str = "number") -> dict[str, Any]:
-    """A number (or ``kind="integer"``) in ``[low, high]``."""
-    return {"type": kind, "minimum": low, "maximum": high}
-
-
-def list_of(items: Mapping[str, Any], min_items: int = 0, max_items: int | None = None) -> dict[str, Any]:
-    """An array of ``items``, ``min_items`` to ``max_items`` long (no upper bound when ``None``)."""
-    schema: dict[str, Any] = {"type": "array", "items": dict(items)}
-    if min_items:
-        schema["minItems"] = min_items
-    if max_items is not None:
-        schema["maxItems"] = max_items
-    return schema
 
 
 def refuses_schema(status: int, body: str) -> bool:

@@ -14,16 +14,8 @@ import pytest
 import test_players
 from test_players import Reply
 
-from marti_ibrl.llm import (
-    AsyncChatClient,
-    ChatFailure,
-    ReplySchema,
-    closed_object,
-    list_of,
-    number_in,
-    one_of,
-    refuses_schema,
-)
+from marti_ibrl.llm import AsyncChatClient, ChatFailure, refuses_schema
+from marti_ibrl.reply_schema import ReplySchema, closed_object, list_of, number_in, one_of
 
 serve = test_players.serve  # fixture: the 127.0.0.1 OpenAI-style server of the player tests
 

@@ -55,6 +55,7 @@ LAYERS = [
         "marti_ibrl.reward_types",
         "marti_ibrl.safeparse",
         "marti_ibrl.llm",
+        "marti_ibrl.reply_schema",
         "marti_ibrl.procenv",
         "marti_ibrl.quiet",
         "marti_ibrl.patching",

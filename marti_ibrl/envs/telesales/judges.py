@@ -55,7 +55,8 @@ from marti_ibrl.envs.telesales.prompts import (
     phrase,
     render,
 )
-from marti_ibrl.llm import TEXT, AsyncChatClient, ChatFailure, ReplySchema, closed_object, list_of, number_in, one_of
+from marti_ibrl.llm import AsyncChatClient, ChatFailure
+from marti_ibrl.reply_schema import TEXT, ReplySchema, closed_object, list_of, number_in, one_of
 from marti_ibrl.reward_types import RewardFn, RewardUnavailable
 
 logger = logging.getLogger(__name__)

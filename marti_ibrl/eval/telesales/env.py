@@ -67,7 +67,7 @@ from marti_ibrl.eval.telesales.outputs import (
     validate_simulator_turn,
 )
 from marti_ibrl.eval.telesales.rubric import SCORES, apply_rubric
-from marti_ibrl.llm import ReplySchema
+from marti_ibrl.reply_schema import ReplySchema
 
 SEATS = ("sales", "customer")
 SALES_MODES = ("checkpoint", "prompted")

@@ -35,7 +35,7 @@ from marti_ibrl.envs.telesales.profiles import customer_view
 from marti_ibrl.envs.telesales.prompts import fmt, load_template, render, story_compiler_prompt
 from marti_ibrl.envs.telesales.protocol import BEHAVIORS, TOLERANCE, SalesTurn, parse_sales_turn
 from marti_ibrl.eval.telesales.rubric import RUBRIC, SCORES, apply_rubric, check_codes, rubric_text
-from marti_ibrl.llm import TEXT, ReplySchema, closed_object, list_of, number_in, one_of
+from marti_ibrl.reply_schema import TEXT, ReplySchema, closed_object, list_of, number_in, one_of
 from marti_ibrl.safeparse import raw_decode, unfence
 
 INTENTS: dict[str, str] = {
