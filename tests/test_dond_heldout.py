@@ -21,6 +21,7 @@ from marti_ibrl.envs.dond import (
     generate_scenarios,
     heldout,
     make_bot,
+    negotiation,
     parse_utterance,
     play_dialogue,
     utility,
@@ -205,7 +206,7 @@ def test_conceder_curves_order():
     """At every turn but the first and last, Boulware (e = 0.2) asks for more than Conceder (e = 3)."""
     slow, fast = make_heldout_bot("slow_conceder"), make_heldout_bot("fast_conceder")
     for t in range(1, 9):
-        ledger = heldout._Ledger(t, (), (), None, None, False)
+        ledger = negotiation.Ledger(t, (), (), None, None, False)
         assert slow.target(SC, 0, ledger) > fast.target(SC, 0, ledger) + 1  # type: ignore[attr-defined]
 
 
@@ -254,10 +255,11 @@ def test_registry_is_disjoint_from_the_training_bots():
 
 def test_heldout_code_and_phrasing_share_nothing_with_the_training_bots():
     # the training-bot module is imported only for type checking (the ScriptedNegotiator interface)
-    tree = ast.parse(inspect.getsource(heldout))
-    imported = [n.module for n in tree.body if isinstance(n, ast.ImportFrom)]
-    imported += [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
-    assert imported and not [m for m in imported if m and m.endswith(".bots")]
+    for module in (heldout, negotiation):  # the bots, and what they reason with
+        tree = ast.parse(inspect.getsource(module))
+        imported = [n.module for n in tree.body if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+        assert imported and not [m for m in imported if m and m.endswith(".bots")]
     # no sentence of a training bot appears in a held-out bot's turns
     training_phrases = [
         p.split("{")[0].strip()
@@ -283,7 +285,7 @@ def test_heldout_code_and_phrasing_share_nothing_with_the_training_bots():
 
 
 def _target_after(bot, own_turns: int) -> float:
-    ledger = heldout._Ledger(own_turns, (), (), None, None, False)
+    ledger = negotiation.Ledger(own_turns, (), (), None, None, False)
     return bot.target(SC, 0, ledger)
 
 
@@ -315,10 +317,10 @@ def test_the_player_calibrates_a_heldout_bot_to_the_env():
 def test_utility_search_infers_the_partner_values_and_leaves_it_its_demand():
     bot = make_heldout_bot("utility_search", rounds=5)
     # the partner keeps item1 (values of role 1: 4, 3, 0) twice: mass moves to vectors valuing item1
-    ledger = heldout._Ledger(1, (), ((0, 2, 0), (0, 2, 0)), "try", (0, 2, 0), True)
+    ledger = negotiation.Ledger(1, (), ((0, 2, 0), (0, 2, 0)), "try", (0, 2, 0), True)
     post = dict(bot.posterior(SC, ledger))
     assert sum(post.values()) == pytest.approx(1.0)
-    flat = dict(bot.posterior(SC, heldout._Ledger(0, (), (), None, None, False)))
+    flat = dict(bot.posterior(SC, negotiation.Ledger(0, (), (), None, None, False)))
     assert len(set(flat.values())) == 1  # uniform prior
     mass = sum(p for v, p in post.items() if v[1] >= 3)
     assert mass > sum(p for v, p in flat.items() if v[1] >= 3)
@@ -331,10 +333,10 @@ def test_utility_search_infers_the_partner_values_and_leaves_it_its_demand():
 
 def test_split_difference_meets_in_the_middle():
     bot = make_heldout_bot("split_difference")
-    opening = bot.propose(SC, 0, heldout._Ledger(0, (), (), None, None, False))
+    opening = bot.propose(SC, 0, negotiation.Ledger(0, (), (), None, None, False))
     assert opening == (1, 2, 3)  # every unit it values (all three items are worth something to role 0)
     # the partner's <try> keeps (1, 2, 0) for itself, i.e. leaves (0, 0, 3): midpoint of (1, 2, 3) and (0, 0, 3)
-    ledger = heldout._Ledger(1, ((1, 2, 3),), ((1, 2, 0),), "try", (1, 2, 0), True)
+    ledger = negotiation.Ledger(1, ((1, 2, 3),), ((1, 2, 0),), "try", (1, 2, 0), True)
     assert bot.propose(SC, 0, ledger) == (1, 1, 3)
     assert bot.takes(SC, 0, ledger, gain=utility((1, 1, 3), SC.values[0]) - 1, proposal=(1, 1, 3))
     assert not bot.takes(SC, 0, ledger, gain=utility((1, 1, 3), SC.values[0]) - 2, proposal=(1, 1, 3))
@@ -342,13 +344,13 @@ def test_split_difference_meets_in_the_middle():
 
 def test_random_aspiration_is_drawn_per_dialogue_and_falls_to_its_floor():
     bot = make_heldout_bot("random_aspiration", rounds=5)
-    start = heldout._Ledger(0, (), (), None, None, False)
+    start = negotiation.Ledger(0, (), (), None, None, False)
     firsts = [bot.aspiration(sc, 0, start) for sc in generate_scenarios(200, 5)]
     assert all(5.0 <= a <= 9.0 for a in firsts) and max(firsts) - min(firsts) > 3.0  # varies across dialogues
     assert bot.aspiration(SC, 0, start) == bot.aspiration(SC, 0, start)  # recomputable within one dialogue
-    path = [bot.aspiration(SC, 0, heldout._Ledger(t, (), (), None, None, False)) for t in range(5)]
+    path = [bot.aspiration(SC, 0, negotiation.Ledger(t, (), (), None, None, False)) for t in range(5)]
     assert path == sorted(path, reverse=True) and path[-1] >= 3.0
-    late = heldout._Ledger(40, (), (), None, None, False)
+    late = negotiation.Ledger(40, (), (), None, None, False)
     assert heldout.with_rounds(bot, 40).aspiration(SC, 0, late) == 3.0
     offers = {bot.choose(SC, 0, start, random.Random(i)) for i in range(50)}
     assert len(offers) > 1 and all(utility(o, SC.values[0]) >= path[0] for o in offers)
@@ -356,7 +358,7 @@ def test_random_aspiration_is_drawn_per_dialogue_and_falls_to_its_floor():
 
 def test_picky_then_fold_switches_at_half_the_horizon():
     bot = make_heldout_bot("picky_then_fold", rounds=5)  # T = 4: picky for own turns 0-1, folded from turn 2
-    picky, folded = (heldout._Ledger(t, (), (), None, None, False) for t in (1, 2))
+    picky, folded = (negotiation.Ledger(t, (), (), None, None, False) for t in (1, 2))
     assert utility(bot.propose(SC, 0, picky), SC.values[0]) == 10
     assert utility(bot.propose(SC, 0, folded), SC.values[0]) == 5
     assert not bot.takes(SC, 0, picky, gain=8, proposal=(1, 2, 3)) and bot.takes(SC, 0, picky, gain=9, proposal=())
