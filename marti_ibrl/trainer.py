@@ -112,8 +112,8 @@ class IBRLTrainer:
         commit, self.run_lock = startup.claim_run_dir(cfg, self.roles)
         try:
             started = startup.start_processes(cfg, device, self.run_dir, commit)
-            self.stacks, self.frozen, self.topology, self.hybrid = (
-                started.stacks, started.frozen, started.topology, started.hybrid,
+            self.stacks, self.frozen, self.topology, self.colocation = (
+                started.stacks, started.frozen, started.topology, started.colocation,
             )  # fmt: skip
             self.rewards, self.runner = startup.make_rollout(cfg, self.env)
             self.snapshots = SnapshotBook(cfg, self.run_dir, self.trained, self.stacks)
@@ -178,14 +178,14 @@ class IBRLTrainer:
         runs it beside the previous iteration's updates)."""
         cfg, k, plays = self.cfg, rollout.k, rollout.plays
         start = time.monotonic()
-        with self.hybrid.generation(k):
+        with self.colocation.generation(k):
             loads = snapshot_loads(plays)  # colocated: pool snapshots its own engines serve, per pass
             trajectories = self.runner.run(
                 [p.request() for p in plays],  # each pairing a pass: batched and seeded apart, one after the other ...
                 cfg.rollout.n_samples_per_prompt,
                 progress=True,
                 seed=self._seed("rollout", k),
-                before_pass=(lambda n: self.hybrid.load_snapshots(k, loads.get(n, {}))) if loads else None,
+                before_pass=(lambda n: self.colocation.load_snapshots(k, loads.get(n, {}))) if loads else None,
             )  # ... when its snapshots are loaded into engines that serve current policies too
         g = cfg.rollout.n_samples_per_prompt
         for i, t in enumerate(trajectories):  # (request order: play by play, G samples each)
@@ -216,13 +216,13 @@ class IBRLTrainer:
         with timer("experience"), ThreadPoolExecutor(max(1, len(learning))) as pool:  # per-role masks m_i, Eq. 4
             precomputed = self.ablation.joint_baseline  # advantages already made over every role (Table 3)
             samples = {r: role_samples(scored[r], r, cfg.rollout.max_len) for r in learning}
-            with self.hybrid.log.phases([(k, r, "actor", "experience") for r in learning]):  # π, π_ref log-probs
+            with self.colocation.log.phases([(k, r, "actor", "experience") for r in learning]):  # π, π_ref log-probs
                 built = pool.map(lambda r: self.stacks[r].make_experiences(samples[r], precomputed), learning)
                 experiences = dict(zip(learning, built))
         with timer("update"):  # Eq. 5, each role's own optimizer; roles that are not due do not step
             # every sample once per epoch on one rank; zero-weight padding fills the ranks' micro-batches;
             # colocated: each role's DeepSpeed states reloaded for its update and offloaded after it
-            status, splits = self.hybrid.update(
+            status, splits = self.colocation.update(
                 k, learning, lambda r: self.stacks[r].fit_async(experiences[r], seed=self._seed(f"update/{r}", k))
             )
             count_skipped_updates(k, status, self.skipped_in_a_row, cfg.train.max_skipped_updates)
@@ -232,7 +232,7 @@ class IBRLTrainer:
             with timer("async_wait"):  # the engines finish the rollout in flight on the weights it started with
                 before_sync()
         with timer("weight_sync"):  # only updated roles re-sync their engines (a LoRA role: its adapter only)
-            results = self.hybrid.sync(k, updated, lambda r: self.stacks[r].sync_engines_async(self.updates[r] + 1))
+            results = self.colocation.sync(k, updated, lambda r: self.stacks[r].sync_engines_async(self.updates[r] + 1))
             synced = {r: next((x for x in rs if x), None) for r, rs in results.items()}
         for r in updated:
             self.updates[r] += 1
@@ -347,7 +347,7 @@ class IBRLTrainer:
     def check_sync(self, k: int) -> None:
         """``--train.check_sync`` after iteration k (0: start-up): :func:`marti_ibrl.training.checks.check_sync`."""
         if self.cfg.train.check_sync:
-            checks.check_sync(k, self.run_dir, self.stacks, self.snapshots, self.hybrid, self.topology)
+            checks.check_sync(k, self.run_dir, self.stacks, self.snapshots, self.colocation, self.topology)
 
     def save(self, k: int, final: bool = False) -> None:
         """Every role's DeepSpeed checkpoint at tag ``global_step{k}``, then the commit record (atomic)."""

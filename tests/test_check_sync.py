@@ -33,7 +33,7 @@ def _trainer(tmp_path, engines: dict[str, list[str]], pool_engines: list[str] | 
     t.topology = {"trained": {r: {"weight_sync": "gloo"} for r in engines}}
     t.snapshots = SimpleNamespace(pools={}, loaded={})  # the pools and the snapshot each role's pool engines hold
     # the separate layout: reading engines wakes nothing (a colocated run wakes their weights first)
-    t.hybrid = SimpleNamespace(wake_for_reading=lambda k, roles: None)
+    t.colocation = SimpleNamespace(wake_for_reading=lambda k, roles: None)
     return t
 
 

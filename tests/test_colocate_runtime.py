@@ -85,7 +85,7 @@ def test_all_in_turn_reloads_trains_and_offloads_one_role_at_a_time(tiny, tmp_pa
         for r in ("agent1", "agent2")
     }
     cfg = _cfg(tiny, "all", "--pool.probs", "[1.0,0,0]")
-    hybrid = colocate.Hybrid(cfg, stacks, PhaseLog(tmp_path, effect=colocate.CPU_EFFECT), together=False)
+    hybrid = colocate.ColocationPhases(cfg, stacks, PhaseLog(tmp_path, effect=colocate.CPU_EFFECT), together=False)
     hybrid.record_start()
     hybrid.sync(0, ["agent1", "agent2"], lambda r: [f"{r} synced"])
     with hybrid.generation(1):
@@ -143,7 +143,7 @@ def test_the_separate_layout_only_records(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(ray, "get", lambda refs: refs)
     calls: list = []
     stacks = {"agent1": SimpleNamespace(engines=[_Handle(calls, "e")], actor=_Group(calls, "a"))}
-    hybrid = colocate.Hybrid(_cfg(tiny, "none"), stacks, PhaseLog(tmp_path))
+    hybrid = colocate.ColocationPhases(_cfg(tiny, "none"), stacks, PhaseLog(tmp_path))
     hybrid.record_start()
     with hybrid.generation(1):
         pass

@@ -120,7 +120,9 @@ def test_each_pairing_is_a_rollout_pass_current_policies_first(tmp_path) -> None
     history = plays[0].policies["agent2"]
     assert history.name == "pool:1" and history.engines == t.stacks["agent2"].engines
     assert history.weights == str(t.pools["agent2"].path_for(1))
-    assert not t.stacks["agent2"].engines[0].loaded  # loaded by the rollout, before pass 1 (Hybrid.load_snapshots)
+    assert (
+        not t.stacks["agent2"].engines[0].loaded
+    )  # loaded by the rollout, before pass 1 (ColocationPhases.load_snapshots)
     assert snapshot_loads(plays) == {1: {"agent2": str(t.pools["agent2"].path_for(1))}}
     both, _, _ = _plays(t, BOTH)
     assert [p.pass_ for p in both] == [0, 0, 0] and snapshot_loads(both) == {}

@@ -8,8 +8,8 @@ An iteration runs the phases :func:`marti_ibrl.cluster.placement.phases` lists (
    cache dropped). The actors' DeepSpeed states are offloaded all the while; their bf16 weights stay, and the
    log-prob passes of the experience use them after the engines sleep. A full-weight role has no pool engines: in
    an iteration that faces its history (Eq. 6) the rollout plays the pairing of current policies first, then its
-   own engines load the sampled snapshot (:meth:`Hybrid.load_snapshots`) for the pairing that faces it, then take
-   their actor's weights back (:meth:`Hybrid.restore`). Each pairing is batched and seeded apart in every layout
+   own engines load the sampled snapshot (:meth:`ColocationPhases.load_snapshots`) for the pairing that faces it, then take
+   their actor's weights back (:meth:`ColocationPhases.restore`). Each pairing is batched and seeded apart in every layout
    (:class:`~marti_ibrl.rollout.runner.DialogueRunner` passes), so the dialogues equal the separate layout's.
 2. **training** — each due role reloads its states, takes its update and offloads them (OpenRLHF's ``ppo_train``
    with ``--ds.enable_sleep``: reload → fit → offload). ``role``: the roles at once (their GPUs are apart); ``all``:
@@ -107,7 +107,7 @@ def device_memory_gib(stacks: Mapping[str, Any]) -> float:
     return ray.get(first.__ray_call__.remote(total))
 
 
-class Hybrid:
+class ColocationPhases:
     """Drives one run's phases (see the module doc) and records each in ``RUN/phases.jsonl``.
 
     ``stacks``: the trained roles' :class:`~marti_ibrl.backend.stack.RoleStack` (their ``engines`` and

@@ -63,6 +63,68 @@ def _completion(c) -> dict:
     return {"token_ids": ids, "logprobs": lps, "finish_reason": c.finish_reason or "length"}
 
 
+class EngineProtocol:
+    """What every rollout engine answers (the HF engine has the same methods), on top of OpenRLHF's vLLM actor: batched
+    generation with per-prompt seeds, weight loads from a state dict or a snapshot file, digests, LoRA adapters. Mixed
+    into the actor class :func:`vllm_engine_class` builds (vLLM is imported only there)."""
+
+    adapter_hashes: dict[str, dict[str, bytes]]
+    served: dict[str, int]
+
+    async def generate_batch(
+        self, prompts: list[list[int]], sampling: dict, session_ids=None, adapter: dict | None = None
+    ) -> list[dict]:
+        lora_request = self._lora_request(adapter)
+        name = adapter["name"] if adapter else "base"
+        self.served[name] = self.served.get(name, 0) + len(prompts)
+        outs = await asyncio.gather(
+            *(self.generate(p, _sampling_params(sampling, i), lora_request=lora_request) for i, p in enumerate(prompts))
+        )
+        return [_completion(o.outputs[0]) for o in outs]
+
+    async def end_sessions(self, session_ids) -> None:
+        return None  # vLLM's prefix cache is keyed by content and evicts by itself
+
+    async def update_weights_from_state_dict(self, state_dict):
+        from marti_ibrl.rollout.vllm_worker import StateDictBox
+
+        await self.reset_prefix_cache()
+        return await self.llm.collective_rpc("load_state_dict_box", args=(StateDictBox(state_dict),))
+
+    async def load_weights_file(self, path: str):
+        await self.reset_prefix_cache()
+        return await self.llm.collective_rpc("load_weights_file", args=(path,))
+
+    async def weights_digest(self) -> str:
+        return (await self.llm.collective_rpc("weights_digest"))[0]
+
+    @staticmethod
+    def _lora_request(adapter: dict | None):
+        from vllm.lora.request import LoRARequest
+
+        return None if adapter is None else LoRARequest(adapter["name"], adapter["id"], adapter["path"])
+
+    async def load_adapter(self, adapter: dict) -> None:
+        """Adapter-only weight sync: vLLM loads the adapter now (a new id: vLLM caches adapters by id)."""
+        from marti_ibrl.lora import adapter_tensors
+
+        await self.reset_prefix_cache()
+        await self.llm.add_lora(self._lora_request(adapter))
+        self.adapter_hashes[adapter["name"]] = param_hashes(adapter_tensors(adapter["path"]).items())
+
+    async def remove_adapter(self, adapter: dict) -> None:
+        await self.llm.remove_lora(adapter["id"])
+        self.adapter_hashes.pop(adapter["name"], None)
+
+    async def adapter_digest(self, name: str) -> str:
+        """params_digest of the adapter file this engine loaded as ``name`` (that vLLM serves what it loaded is
+        tested against HF + peft on the same adapter: tests/test_lora_vllm.py)."""
+        return combine_param_hashes(self.adapter_hashes[name])
+
+    async def served_adapters(self) -> dict[str, int]:
+        return dict(self.served)
+
+
 def vllm_engine_class(device: str, kv_sequences: int = 64, lora: dict | None = None):
     """OpenRLHF's vLLM ``RolloutRayActor`` plus this protocol (imports vllm lazily); its workers run
     :class:`marti_ibrl.rollout.vllm_worker.EngineWorkerExtension` (OpenRLHF's ``WorkerWrap`` and more). On CPU its
@@ -73,7 +135,7 @@ def vllm_engine_class(device: str, kv_sequences: int = 64, lora: dict | None = N
 
     base = RolloutRayActor.__ray_actor_class__
 
-    class VLLMRolloutEngine(base):
+    class VLLMRolloutEngine(EngineProtocol, base):
         async def __init__(self, *args, **kwargs):
             kwargs["worker_extension_cls"] = "marti_ibrl.rollout.vllm_worker.EngineWorkerExtension"
             if lora is not None:
@@ -90,62 +152,6 @@ def vllm_engine_class(device: str, kv_sequences: int = 64, lora: dict | None = N
             if share_one_gpu():  # every slot is the one visible GPU: keep CUDA_VISIBLE_DEVICES as inherited
                 return None
             return super()._configure_device_env(backend, bundle_indices, num_gpus)
-
-        async def generate_batch(
-            self, prompts: list[list[int]], sampling: dict, session_ids=None, adapter: dict | None = None
-        ) -> list[dict]:
-            lora_request = self._lora_request(adapter)
-            name = adapter["name"] if adapter else "base"
-            self.served[name] = self.served.get(name, 0) + len(prompts)
-            outs = await asyncio.gather(
-                *(
-                    self.generate(p, _sampling_params(sampling, i), lora_request=lora_request)
-                    for i, p in enumerate(prompts)
-                )
-            )
-            return [_completion(o.outputs[0]) for o in outs]
-
-        async def end_sessions(self, session_ids) -> None:
-            return None  # vLLM's prefix cache is keyed by content and evicts by itself
-
-        async def update_weights_from_state_dict(self, state_dict):
-            from marti_ibrl.rollout.vllm_worker import StateDictBox
-
-            await self.reset_prefix_cache()
-            return await self.llm.collective_rpc("load_state_dict_box", args=(StateDictBox(state_dict),))
-
-        async def load_weights_file(self, path: str):
-            await self.reset_prefix_cache()
-            return await self.llm.collective_rpc("load_weights_file", args=(path,))
-
-        async def weights_digest(self) -> str:
-            return (await self.llm.collective_rpc("weights_digest"))[0]
-
-        @staticmethod
-        def _lora_request(adapter: dict | None):
-            from vllm.lora.request import LoRARequest
-
-            return None if adapter is None else LoRARequest(adapter["name"], adapter["id"], adapter["path"])
-
-        async def load_adapter(self, adapter: dict) -> None:
-            """Adapter-only weight sync: vLLM loads the adapter now (a new id: vLLM caches adapters by id)."""
-            from marti_ibrl.lora import adapter_tensors
-
-            await self.reset_prefix_cache()
-            await self.llm.add_lora(self._lora_request(adapter))
-            self.adapter_hashes[adapter["name"]] = param_hashes(adapter_tensors(adapter["path"]).items())
-
-        async def remove_adapter(self, adapter: dict) -> None:
-            await self.llm.remove_lora(adapter["id"])
-            self.adapter_hashes.pop(adapter["name"], None)
-
-        async def adapter_digest(self, name: str) -> str:
-            """params_digest of the adapter file this engine loaded as ``name`` (that vLLM serves what it loaded is
-            tested against HF + peft on the same adapter: tests/test_lora_vllm.py)."""
-            return combine_param_hashes(self.adapter_hashes[name])
-
-        async def served_adapters(self) -> dict[str, int]:
-            return dict(self.served)
 
     return ray.remote(VLLMRolloutEngine)
 

@@ -178,7 +178,7 @@ def checkpoint_tokenizer(path: str, flag: str):
     return tokenizer
 
 
-def check_sync(k: int, run_dir: Path, stacks: dict, snapshots, hybrid, topology: dict) -> None:
+def check_sync(k: int, run_dir: Path, stacks: dict, snapshots, colocation, topology: dict) -> None:
     """``--train.check_sync``: after iteration k (0: start-up) every trained role's engines hold its actor's weights
     and its pool engines the snapshot file they loaded (``snapshots``: :class:`~marti_ibrl.training.snapshots.
     SnapshotBook`); the digests go to ``RUN/sync_checks.jsonl`` (a resumed run appends: the last line of an iteration
@@ -187,7 +187,7 @@ def check_sync(k: int, run_dir: Path, stacks: dict, snapshots, hybrid, topology:
 
     from marti_ibrl.rollout.digest import params_digest
 
-    hybrid.wake_for_reading(k, list(stacks))  # colocated engines asleep hold no weights to read
+    colocation.wake_for_reading(k, list(stacks))  # colocated engines asleep hold no weights to read
     for r, stack in stacks.items():
         if stack.lora:  # the adapter the actor trains vs the one its engines serve as the current policy
             record = {"iteration": k, "role": r, "actor": stack.adapter_digest()}

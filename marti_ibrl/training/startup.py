@@ -17,7 +17,7 @@ from marti_ibrl.backend.cluster import init_ray, wait_for_cluster
 from marti_ibrl.backend.stack import RoleStack, start_engines
 from marti_ibrl.cluster.colocate import (
     CPU_EFFECT,
-    Hybrid,
+    ColocationPhases,
     device_memory_gib,
     placement_groups,
     sleep_summary,
@@ -101,12 +101,12 @@ def _prepare_run_dir(cfg: Config, roles: list[str], run_dir: Path, commit: Commi
 @dataclass
 class Processes:
     """What :func:`start_processes` started: every trained role's stack (DeepSpeed ranks, reference, engines), the
-    frozen roles' counterparts, the topology record, and the colocation phases (:class:`marti_ibrl.cluster.colocate.Hybrid`)."""
+    frozen roles' counterparts, the topology record, and the colocation phases (:class:`marti_ibrl.cluster.colocate.ColocationPhases`)."""
 
     stacks: dict[str, RoleStack]
     frozen: dict[str, list[Policy]]
     topology: dict
-    hybrid: Hybrid
+    colocation: ColocationPhases
 
 
 def start_processes(cfg: Config, device: str, run_dir: Path, commit: Commit | None) -> Processes:
@@ -145,13 +145,13 @@ def start_processes(cfg: Config, device: str, run_dir: Path, commit: Commit | No
     # every phase change from here on: RUN/phases.jsonl (marti_ibrl/cluster/colocate.py)
     effect = CPU_EFFECT if colocated(cfg) and device != "cuda" else None
     together = updates_together(cfg, device_memory_gib(stacks) if device == "cuda" else None)
-    hybrid = Hybrid(cfg, stacks, PhaseLog(run_dir, effect=effect), together)
-    hybrid.record_start()
+    colocation = ColocationPhases(cfg, stacks, PhaseLog(run_dir, effect=effect), together)
+    colocation.record_start()
     # engines start from the actor's weights (as loaded, in its dtype), exactly as after any update
     updates = commit.updates if commit is not None else {}
     with startup_stage("engines synced to the actors' weights"):
-        hybrid.sync(0, list(stacks), lambda r: stacks[r].sync_engines_async(updates.get(r, 0)))
-    return Processes(stacks, frozen, record, hybrid)
+        colocation.sync(0, list(stacks), lambda r: stacks[r].sync_engines_async(updates.get(r, 0)))
+    return Processes(stacks, frozen, record, colocation)
 
 
 def frozen_policies(cfg: Config, role: RoleConfig, device: str) -> list[Policy]:
