@@ -1,4 +1,5 @@
-"""Warm start: SFT on scripted bot-vs-bot DoND dialogues with OpenRLHF's own SFT trainer.
+"""Warm start, for any environment with scripted players (DoND's training bots, a game's own ``scripted_players``):
+SFT on their dialogues with OpenRLHF's own SFT trainer (``marti-ibrl sft --env NAME``, :mod:`~marti_ibrl.sft.make`).
 
 Each dialogue gives one chat record per role, seen from that role's side exactly as the RL rollout renders it
 (:class:`marti_ibrl.rollout.render.RoleView`; :func:`marti_ibrl.envs.base.role_messages`): its system prompt
@@ -11,7 +12,8 @@ carry no loss anyway.
 
 Training runs ``python -m openrlhf.cli.train_sft`` as a single-rank subprocess (DeepSpeed, gloo on CPU).
 
-One module per job: :mod:`~marti_ibrl.sft.presets` (the warm starts' settings), :mod:`~marti_ibrl.sft.data` (the
+One module per job: :mod:`~marti_ibrl.sft.make` (a warm start of any game, end to end), :mod:`~marti_ibrl.sft.presets`
+(the DoND demo's warm-start settings), :mod:`~marti_ibrl.sft.data` (the
 records), :mod:`~marti_ibrl.sft.train` (OpenRLHF's SFT trainer as a subprocess), :mod:`~marti_ibrl.sft.checks`
 (validity of sampled turns, assistant NLL). Their public names are importable from here.
 """
