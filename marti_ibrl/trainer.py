@@ -44,9 +44,9 @@ from marti_ibrl.training.checks import (
     check_reward_failures,
     count_skipped_updates,
     report_reward_failures,
-    stepped,
     training_scenarios,
     warn_uninformative,
+    weights_moved,
 )
 from marti_ibrl.training.metrics import iteration_metrics, mean_advantages, summary_table
 from marti_ibrl.training.records import ScenarioSampler, Timer, stream
@@ -226,7 +226,7 @@ class IBRLTrainer:
                 k, learning, lambda r: self.stacks[r].fit_async(experiences[r], seed=self._seed(f"update/{r}", k))
             )
             count_skipped_updates(k, status, self.skipped_in_a_row, cfg.train.max_skipped_updates)
-            updated = [r for r in status if stepped(status[r])]  # the roles whose weights moved
+            updated = [r for r in status if weights_moved(status[r])]  # the roles whose weights moved
         self.learn_span = (start, time.monotonic())
         if updated and before_sync is not None:
             with timer("async_wait"):  # the engines finish the rollout in flight on the weights it started with

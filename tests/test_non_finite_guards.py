@@ -15,13 +15,15 @@ import pytest
 import torch
 from fake_model import fake_checkpoint
 
-from marti_ibrl.training.checks import TrainingStopped, count_skipped_updates, stepped
+from marti_ibrl.training.checks import TrainingStopped, count_skipped_updates, weights_moved
 
 
 def test_skipped_updates_are_counted_and_repeated_ones_stop_the_run(capsys) -> None:
     in_a_row: dict[str, int] = {}
     ok, skipped = {"update/steps": 1.0, "update/skipped": 0.0}, {"update/steps": 1.0, "update/skipped": 1.0}
-    assert stepped(ok) and not stepped(skipped) and stepped({"update/steps": 2.0, "update/skipped": 1.0})
+    assert (
+        weights_moved(ok) and not weights_moved(skipped) and weights_moved({"update/steps": 2.0, "update/skipped": 1.0})
+    )
     count_skipped_updates(1, {"agent1": skipped, "agent2": ok}, in_a_row, limit=2)
     assert in_a_row == {"agent1": 1, "agent2": 0}
     assert capsys.readouterr().out == (

@@ -65,7 +65,7 @@ def check_reward_failures(k: int, trajectories: Sequence[Trajectory], roles: Seq
             )
 
 
-def stepped(status: dict) -> bool:
+def weights_moved(status: dict) -> bool:
     """Whether a role's update moved its weights: some optimizer step of it was not skipped for a NaN/inf loss or
     gradient (``update/steps`` > ``update/skipped``, from :meth:`RolePolicyActorBase.fit`)."""
     return status.get("update/steps", 1.0) > status.get("update/skipped", 0.0)

@@ -10,7 +10,7 @@ from marti_ibrl.algorithm.advantages import GroupSpread
 from marti_ibrl.algorithm.batching import RankSplit
 from marti_ibrl.algorithm.pool import configurations
 from marti_ibrl.rollout.dialogue import Trajectory
-from marti_ibrl.training.checks import stepped
+from marti_ibrl.training.checks import weights_moved
 
 
 def iteration_metrics(
@@ -58,7 +58,7 @@ def iteration_metrics(
         m[f"{r}/utility"] = mean(t.outcome.utilities.get(r, 0.0) for t in trajectories)
         m[f"{r}/malformed"] = sum(t.outcome.info.get("fault_role") == r for t in trajectories) / n
         m[f"{r}/attempts_malformed"] = attempts_malformed(trajectories, r)
-        m[f"{r}/updated"] = float(r in status and stepped(status[r]))
+        m[f"{r}/updated"] = float(r in status and weights_moved(status[r]))
         m[f"{r}/scheduled"] = float(r in schedule)
         m[f"{r}/current_share"] = sum(t.policies[r] == "current" for t in trajectories) / n
         for key, value in status.get(r, {}).items():
