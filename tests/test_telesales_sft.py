@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 
 from marti_ibrl.cli import main
-from marti_ibrl.envs.telesales import transcripts
 from marti_ibrl.envs.telesales.env import TeleSalesEnv
 from marti_ibrl.envs.telesales.profiles import generate_profile
 from marti_ibrl.envs.telesales.protocol import KEYS, parse_customer_turn
@@ -65,9 +64,9 @@ def in_turns(record: dict) -> tuple[list[str], list[str]]:
 
 
 # ---- format ----
-def test_docstring_example_is_a_valid_call(env: TeleSalesEnv, tmp_path: Path) -> None:
-    doc = transcripts.__doc__ or ""
-    block = doc.split("Example (one line in the file", 1)[1].split("::\n", 1)[1]
+def test_the_documented_example_is_a_valid_call(env: TeleSalesEnv, tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "telesales.md").read_text()
+    block = doc.split("## Call transcripts", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
     call = json.loads(block)
     assert check_call(call, env) is None
     assert call["profile"] == generate_profile(0, 0, "train")

@@ -1,65 +1,9 @@
 """TeleSales call transcripts for the SFT initialisation of both roles (paper §5.1: the sales agent and the customer
-start from SFT checkpoints; Appendix E, Tables 15 and 16).
-
-Format: JSON lines, one call per line (blank lines are skipped)::
-
-    {"call_id": "...", "profile": {...}, "turns": [{"speaker": "sales", "text": "..."},
-                                                   {"speaker": "customer", "record": {...}}, ...]}
-
-* ``call_id``: a non-empty string, unique in the file.
-* ``profile``: the customer's *training* profile as :func:`profiles.generate_profile` writes it with
-  ``split="train"`` (``marti-ibrl telesales profiles --split train``). The sales agent sees its lead fields only
-  (Table 15), the customer all of it (Table 16).
-* ``turns``: the call in speaking order: the sales agent opens, then the speakers alternate.
-  A sales turn's ``text`` is the agent's words with Table 15's markers exactly as the model should write them
-  (``<call_function=add_business_contact(phone_number=...)>``, ``<call_function=send_contact_invitation>``,
-  ``<status=end>``). A customer turn's ``record`` is Table 16's per-turn JSON object: ``behavior``, ``stage``,
-  ``willingness_before/after/delta``, ``patience_before/after/delta``, ``reply`` (other keys are ignored).
-
-:func:`load_transcripts` replays every call through :class:`TeleSalesEnv`: a call is accepted iff the RL
-environment accepts each of its turns. Markers are well formed and each tool is used at most once per call; a
-record has every key and ``after = clip(before + delta)``; its ``*_before`` equal the env's current scores (the
-customer prompt's initial ones, :func:`env.initial_scores`, then the previous record's ``*_after``); Table 16 rule
-5 holds (ConfirmAdded/IgnoreRequest/RejectRequest only after AgreeWeChat, ConfirmAdded only after a contact tool);
-no turn follows the end of the call (ConfirmAdded, HangUp, ``<status=end>``, the turn limit). A call need not
-reach an end. Each bad call gives one error ``FILE:LINE: CALL_ID: turn K: reason`` (K counts from 1); ``strict``
-(the default) raises :class:`TranscriptError` with all of them, ``strict=False`` skips those calls and lists the
-errors in :attr:`Transcripts.skipped`.
-
-:func:`role_records` turns a call into one OpenRLHF multiturn SFT record ``{"messages": [...]}`` per role, the
-role's view exactly as the RL rollout renders it (:func:`marti_ibrl.envs.base.role_messages`): the role's system prompt,
-its own turns as ``assistant`` (sales: the text with its markers; customer: the record as the JSON text
-:func:`protocol.format_customer_turn` writes: Table 16's keys only, in order), the other role's turns as ``user`` via
-:meth:`TeleSalesEnv.counterpart_text` (the sales agent hears only the ``reply``; the customer hears the agent's
-words with the markers as bracketed notes), up to the role's last own turn.
-
-Example (one line in the file; wrapped here for reading, JSON allows the line breaks)::
-
-    {"call_id": "example-1", "profile": {"sample_id": "ts-train-0-00000", "identity": {"name": "Wu Fang",
-    "gender": "female", "age": 38, "occupation": "factory technician", "city": "Qingdao",
-    "family_situation": "divorced, raising a child",
-    "background": "trading in the current car; unfamiliar with used-car warranty, financing and subsidy rules"},
-    "lead": {"vehicle": "mid-size gasoline sedan", "car_city": "Qingdao", "budget": [80, 120],
-    "purchase_timeline": "no fixed plan", "vehicle_info": {"body": "sedan", "energy": "gasoline", "year": 2022,
-    "mileage_km": 48000, "listing_price_k": 114, "lead_type": "trade-in valuation", "lead_days_ago": 7},
-    "phone_number": "15394267523"}, "contact": {"wechat_id": "wxid_3vz4vxpbx4",
-    "wechat_privacy": "searchable by phone number", "primary_wechat": "this number", "can_add_wechat": true,
-    "alternate_phone": null}, "needs": {"usage_scenario": "visiting parents in the hometown",
-    "primary_needs": ["smart cockpit features", "safety"], "intent_level": "casual",
-    "intent_description": "browsed casually; no near-term purchase plan"}, "persona": {"personality": "analytical",
-    "concerns": ["scam risk", "warranty coverage"], "speaking_style": "hesitant, with long pauses"},
-    "call": {"call_environment": "at work, between tasks", "signal_quality": "good",
-    "lead_memory": "remembers the action but not the listing"}, "generation_meta": {"seed": 0, "split": "train",
-    "index": 0, "code_version": "telesales-profiles/1"}}, "turns": [{"speaker": "sales",
-    "text": "Hello, this is Li Na from the car platform. May I send you the inspection report of the sedan on WeChat?"},
-    {"speaker": "customer", "record": {"behavior": "AgreeWeChat", "stage": "wechat_pending",
-    "willingness_before": 0.33, "willingness_after": 0.43, "willingness_delta": 0.1, "patience_before": 0.55,
-    "patience_after": 0.53, "patience_delta": -0.02, "reply": "Okay, add me with this number."}},
-    {"speaker": "sales",
-    "text": "Sending the friend request now. <call_function=add_business_contact(phone_number=15394267523)>"},
-    {"speaker": "customer", "record": {"behavior": "ConfirmAdded", "stage": "wechat_pending",
-    "willingness_before": 0.43, "willingness_after": 0.48, "willingness_delta": 0.05, "patience_before": 0.53,
-    "patience_after": 0.53, "patience_delta": 0.0, "reply": "Got it, I accepted the request."}}]}
+start from SFT checkpoints; Appendix E, Tables 15 and 16): :func:`load_transcripts` reads and replays them through
+:class:`TeleSalesEnv` (a call is accepted iff the RL environment accepts each of its turns; one error line per bad
+call), :func:`role_records` turns a call into one OpenRLHF multiturn SFT record per role, the role's view exactly as
+the RL rollout renders it. The format, the rules a call is checked against and an example: docs/telesales.md,
+"Call transcripts".
 """
 
 from __future__ import annotations
