@@ -1,41 +1,8 @@
-"""Batched multi-role dialogue rollout (paper §4.1: shared trajectories).
-
-Every turn, the live dialogues are grouped by the policy that speaks next; each group's prompts go
-to that policy's engines as one batch (split across its engines), and the batches of *all* policies
-are in flight at once — seat order alternates across dialogues, so at any turn every role has turns
-to generate and both roles' engines work concurrently. Each role renders its own view of every
-dialogue with its own tokenizer (:class:`RoleView`); the tokens a role's engine generated become
-that role's action span. Rewards are scored as soon as a dialogue ends, on a thread pool, while the
-other dialogues keep generating.
-
-A seat can also be played by a text-level :class:`~marti_ibrl.rollout.players.TextPlayer` (a scripted
-bot or an OpenAI-compatible endpoint: unilateral baselines); its batches run on worker threads, in
-flight together with the engines' batches. A turn a player could not produce (endpoint down after
-its retries) ends the dialogue as ``counterpart_failure``: the trajectory is marked ``failed``,
-counted, and kept out of every role's training groups.
-
-Sampling is reproducible: sessions are named after (run seed, scenario, sample) and each engine call
-carries a seed derived from the run seed and the call, so a resumed run replays the same rollouts.
-
-Scenarios may be played in **passes** (Eq. 6's pairings: the trainer gives each pairing's plays its pass): a pass's
-dialogues are batched apart from other passes' and seeded by their pass, so the same dialogues come out whether the
-passes play at once (separate engines for a pool snapshot) or one after another with ``before_pass`` swapping
-weights in the same engines (``--train.colocate``: a role's own engines serve its pool snapshots, ``Policy.weights``).
-
-Malformed turns (the env says ``valid=False``) are re-sampled up to ``max_resamples`` times; each discarded attempt of
-an engine-played seat is kept in ``trajectory.discarded`` (prompt and tokens: the trainer penalises it, the views and
-the env never see it). A turn still malformed after that ends the dialogue as
-malformed (no deal, the env's invalid penalty for its speaker). A turn the env cannot even read (its ``step`` raises:
-a parser's bug on a hostile reply) is such a malformed turn too, never the end of the run (:meth:`DialogueRunner._step`).
-A dialogue whose next turn could not
-fit a role's context (``max_len``, :func:`context_full`) ends without a deal (``context_limit``, ``truncated``);
-the first turn obeys the same rule, so a system prompt that leaves no room ends its dialogue before any engine
-sees the prompt (an engine would reject a prompt past its ``max_model_len`` and fail the whole batch).
-
-A reward that cannot be had (an LLM judge failing after its retries: :class:`~marti_ibrl.reward_types.RewardUnavailable`;
-a reward function raising anything else, or returning NaN/inf: :func:`~marti_ibrl.reward_types.score`) leaves that
-role without a reward for the dialogue: the reason goes to ``trajectory.reward_failures`` and the trainer keeps the
-trajectory out of that role's group.
+"""Batched multi-role dialogue rollout (paper §4.1: shared trajectories): :class:`DialogueRunner` plays
+:class:`Request`s, every turn batching the live dialogues by the policy that speaks next, all policies' batches in
+flight at once; each role renders its own view with its own tokenizer (:class:`RoleView`); rewards are scored as
+dialogues end. docs/training.md, "The rollout", states its rules: passes, seeds, text players, malformed turns and
+re-samples, the context limit, rewards that cannot be had.
 """
 
 from __future__ import annotations
@@ -88,7 +55,7 @@ class Request:
     policies: Mapping[str, Policy]  # role -> the policy in its seat
     seats: Sequence[str] | None = None  # the speaking order; default: the env's fixed seats, else rotated (seats_for)
     rotation: int | None = None  # where the default rotation counts from; default: the request's position in the call
-    pass_: int = 0  # the pass it is played in (module doc): each pass batched and seeded apart
+    pass_: int = 0  # the pass it is played in (docs/training.md, "The rollout"): each pass batched and seeded apart
 
 
 def requests(
@@ -104,7 +71,7 @@ class _Live:
     session: str  # the engines' prefix-cache key (hex)
     policies: Mapping[str, Policy]  # who plays each seat of this dialogue
     attempts: int = 0
-    pass_: int = 0  # batched and seeded apart from other passes (see the module doc)
+    pass_: int = 0  # batched and seeded apart from other passes (docs/training.md, "The rollout")
 
 
 def _engine_index(item: _Live, n_engines: int) -> int:
@@ -178,7 +145,7 @@ class DialogueRunner:
         before_pass: Callable[[int], None] | None = None,
     ) -> list[Trajectory]:
         """Play ``n_samples`` dialogues per :class:`Request` (its policies in their seats, its speaking order, its
-        pass). ``seed`` makes the sampling reproducible (see the module doc); trajectories come back in request
+        pass). ``seed`` makes the sampling reproducible (docs/training.md, "The rollout"); trajectories come back in request
         order: request by request, sample by sample.
 
         ``max_live``: at most this many dialogues in play at once; a finished one is replaced by the next waiting one
