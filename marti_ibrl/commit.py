@@ -5,7 +5,7 @@ a temporary file renamed over the old one), so the record never names a checkpoi
 resume (``--ckpt.load_enable``) :meth:`Commit.read` gives it back, :meth:`Commit.check` refuses a run made with
 another seed, and :func:`pin_deepspeed_latest` points every role's DeepSpeed ``latest`` at the committed tag, so a
 checkpoint written half-way after it (a run killed while saving) is never loaded. Everything random on the driver
-is keyed by (seed, stream, iteration) (``IBRLTrainer._rng``), so with this record iteration k+1 is drawn exactly
+is keyed by (seed, stream, iteration) (:func:`marti_ibrl.training.records.stream`), so with this record iteration k+1 is drawn exactly
 as it would have been without the interruption. No torch, no Ray: diagnostics and reports read it too.
 
 The run directory is protected here too (:func:`open_run_dir`, before Ray starts): a directory that holds a run

@@ -17,7 +17,7 @@ the history iterations' advantages noisier, halving the scenarios would give the
 and every role is trained on the same number of dialogues in every iteration. The cost: a history
 iteration rolls out twice the dialogues (pool engines serve the snapshots' turns of the first pairing);
 with the paper's p = 0.7 / 0.2 / 0.1 that is 30% more dialogues over a run, 15% when the user updates every
-second iteration: the trainer skips a pairing none of whose learners is due (``IBRLTrainer.seat_policies``,
+second iteration: the trainer skips a pairing none of whose learners is due (:func:`marti_ibrl.training.seating.seat_policies`,
 §4.2). When no other role has a snapshot to play (empty pools), the history pairing would be current
 play: then the iteration plays one all-current pairing that feeds every role, as ``both`` does.
 
