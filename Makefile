@@ -80,7 +80,7 @@ test-openrlhf: install
 # The series as upstream sees it: a git repository made from the pristine wheel, `git am` of patches/openrlhf/, then
 # OpenRLHF's suite there; per patch: applies / FAILS and its tests' count. AGAINST=DIR: your OpenRLHF git checkout
 # instead of the wheel. Not in `make test` (54 s on 2 cores, 3-6 min under load; measured 2026-12-03): its suite is
-# test-openrlhf's, and tests/test_patches.py checks in seconds that `git am` takes the series onto the wheel's tree
+# test-openrlhf's, and tests/backend/test_patches.py checks in seconds that `git am` takes the series onto the wheel's tree
 # and gives byte for byte the installed, patched files that test-openrlhf tests.
 upstream-check: install
 	$(VENV)/bin/marti-ibrl patch export --check $(if $(AGAINST),--against $(AGAINST))
@@ -115,7 +115,7 @@ demo: install
 	@test -n "$(DEMO_RECIPE_$(MODEL))" || { echo "make demo: MODEL=$(MODEL) is not one of: tiny smollm2" >&2; exit 2; }
 	bash $(DEMO_RECIPE_$(MODEL))
 
-# Debian's Slurm for recipes/local-slurm.sh (a two-node Slurm on this machine; tests/test_e2e_tiny_cluster.py
+# Debian's Slurm for recipes/local-slurm.sh (a two-node Slurm on this machine; tests/e2e/test_e2e_tiny_cluster.py
 # submits the tiny cluster recipe to it): as root.
 slurm:
 	command -v slurmctld slurmd sbatch munged >/dev/null 2>&1 || { apt-get update -qq && \
@@ -126,7 +126,7 @@ slurm-if-root:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then $(MAKE) --no-print-directory slurm; \
 	else echo "not root or no apt-get: Slurm is not installed, the tests that sbatch a recipe skip"; fi
 
-# Debian's chromium for the browser tests of `marti-ibrl play` / `annotate` (tests/test_e2e_people_browser.py drives it
+# Debian's chromium for the browser tests of `marti-ibrl play` / `annotate` (tests/e2e/test_e2e_people_browser.py drives it
 # with Playwright, the `playwright` package of [dev], through executable_path: no browser download): as root.
 chromium:
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \

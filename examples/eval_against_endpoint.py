@@ -7,7 +7,7 @@ The endpoint is any ``/chat/completions`` server (vLLM, SGLang, a hosted API); i
 environment variable (``#GLM_API_KEY``), never passed as a value. The checkpoint runs on the same rollout engines as
 training. Every scenario is played with the checkpoint in both seats; episodes stream to ``OUT/episodes/`` (a rerun
 resumes) and ``OUT/tables.md`` holds agreement / own utility / joint value per counterpart. Extra flags after
-``--`` go to ``marti-ibrl eval`` (e.g. ``-- --prompt-style compact --max-rounds 5``). ``tests/test_eval_cli.py``
+``--`` go to ``marti-ibrl eval`` (e.g. ``-- --prompt-style compact --max-rounds 5``). ``tests/eval/test_eval_cli.py``
 runs this example's command against a local endpoint.
 """
 

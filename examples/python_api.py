@@ -2,7 +2,7 @@
 
     .venv/bin/python examples/python_api.py --model recipes/dond/tiny-sft --out runs/python-api [--iterations 2]
 
-docs/python-api.md explains each step; tests/test_examples.py runs this file.
+docs/python-api.md explains each step; tests/package/test_examples.py runs this file.
 """
 
 from __future__ import annotations

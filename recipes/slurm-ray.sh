@@ -21,7 +21,7 @@
 #                                                checkpoint paths that do not exist here are sized by name
 #                                                (Qwen3.5-4B/9B) or with --model-config. The header's allocation
 #                                                comes first, so --nodes/--gpus-per-node/--gpu-memory given here win.
-#   bash RECIPE.sh --print-flags [flags]         TRAIN_FLAGS, one per line (tests/test_plan.py parses them).
+#   bash RECIPE.sh --print-flags [flags]         TRAIN_FLAGS, one per line (tests/cluster/test_plan.py parses them).
 #
 # Site settings: partition, account, QoS, constraint, time limit are sbatch options, which override the recipe's
 # #SBATCH lines: `sbatch -p gpu -A myproject --qos normal -C a100 -t 2-00:00:00 RECIPE.sh`. Every srun inside the job

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/golden_at_commit.py CHECKOUT [--path separate] [--out FILE] [--against FILE]
 
 For finding the commit that moved what a run learns (a bisect over checkouts made with ``git worktree add``):
-the run is the one this tree's e2e tests make for the path (``hf``: tests/test_e2e_ibrl.py; ``separate``:
+the run is the one this tree's e2e tests make for the path (``hf``: tests/e2e/test_e2e_ibrl.py; ``separate``:
 tests/same_iterations.py's ``none``), with CHECKOUT's ``marti_ibrl`` and toy reward and this tree's virtual
 environment; its trajectory is compared with ``--against FILE`` (one saved by ``--out``) or, by default, with this
 tree's reference. Prints one line per difference (path, iteration, value) and exits 1 when there is any. Only the
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]  # helpers; the e2e modules
 from golden import REFERENCES, differences, trajectory  # noqa: E402
 
 CHILD = """
@@ -44,7 +44,7 @@ def flags(path: str, run_dir: str) -> list[str]:
     """The path's flags as this tree's tests give them (the model as ``{model}``: the child builds it)."""
     from test_e2e_ibrl import tiny_flags
 
-    if path == "hf":  # tests/test_e2e_ibrl.py's run
+    if path == "hf":  # tests/e2e/test_e2e_ibrl.py's run
         return [*tiny_flags("{model}", run_dir, 3), "--role2.update_every", "2", "--role1.colocate_ref", "true"]
     from same_iterations import RUNS  # tests/same_iterations.py's "none" run
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{against}: no such trajectory")
     with tempfile.TemporaryDirectory(prefix="golden-") as tmp:
         spec = {"tmp": tmp, "flags": flags(args.path, f"{tmp}/run")}
-        env_path = f"{checkout}:{checkout / 'tests'}"
+        env_path = f"{checkout}:{checkout / 'tests'}:{checkout / 'tests' / 'e2e'}"  # a flat tests/ (older) or by room
         done = subprocess.run(
             [sys.executable, "-c", CHILD, json.dumps(spec)],
             cwd=checkout,

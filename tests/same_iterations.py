@@ -1,5 +1,5 @@
 """The runs that must play the same iterations in other layouts and schedules, made once per test session and read by
-``tests/test_e2e_colocate.py`` and ``tests/test_e2e_async.py`` (one pytest-xdist unit: ``tests/conftest.py``).
+``tests/e2e/test_e2e_colocate.py`` and ``tests/e2e/test_e2e_async.py`` (one pytest-xdist unit: ``tests/conftest.py``).
 
 One tiny two-role DoND (Ray + DeepSpeed + HF engines on CPU), 4 iterations, one seed: KL reference on, role2 at half
 frequency (not due at k=1 and 3), opponent pools on with every iteration agent2's current policy facing agent1's

@@ -69,7 +69,7 @@ def launcher(args) -> str | None:
 def _refuse(item, what: str) -> None:
     item._tier_violation = (
         f"{item.nodeid} is in the unit tier (pytest -m unit, make test-fast) but starts {what}: mark it or its module "
-        "`pytest.mark.e2e` (tests/tiers.py), or fake it as tests/test_role_args.py fakes ray.init"
+        "`pytest.mark.e2e` (tests/tiers.py), or fake it as tests/backend/test_role_args.py fakes ray.init"
     )
     raise UnitTierViolation(item._tier_violation)
 

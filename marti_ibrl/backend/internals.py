@@ -1,5 +1,5 @@
 """Every use of OpenRLHF's, Ray's and DeepSpeed's internals, in one place: each function names the public API that is
-missing. The day one of them changes, this module is the one to fix; ``tests/test_structure.py`` fails on a private
+missing. The day one of them changes, this module is the one to fix; ``tests/package/test_structure.py`` fails on a private
 access (an attribute or a module whose name starts with one underscore) anywhere else in the package. Overriding a
 private method in a subclass (``super()._name(...)``) is the subclass's own business and stays where it is."""
 

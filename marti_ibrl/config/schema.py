@@ -336,7 +336,7 @@ class Config:
 ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")
 """``--roleN.advantage_estimator``: OpenRLHF's estimators that baseline within a group, the (role, scenario) groups of
 Eq. 4: exactly patch 0005's ``GROUP_ESTIMATORS``, the ones its ``grouped_reward_baseline`` computes (and refuses
-any other name); tests/test_advantages.py checks the two lists are equal and each estimator against a plain
+any other name); tests/algorithm/test_advantages.py checks the two lists are equal and each estimator against a plain
 reference. OpenRLHF's others are refused here and there: ``reinforce`` (no baseline), ``flash_reinforce`` (the
 whole batch's mean, across groups and so across opponents' pairings) and ``gae`` (a critic)."""
 LR_SCHEDULES = ("constant", "cosine")

@@ -49,7 +49,7 @@ FETCHING = ("nltk", "requests", "urllib", "load_dataset", "hf_hub", "download")
 """Words in a game's module that mean it reads corpora or the network at run time."""
 GAME = -1  # TextArena's sender id of the game's own messages (ta.GAME_ID)
 VERIFIED = ("SimpleNegotiation-v0", "TicTacToe-v0", "KuhnPoker-v0", "IteratedPrisonersDilemma-v0")
-"""Games trained and evaluated in ``make test`` (tests/test_arena.py); others load if :func:`check_game` passes."""
+"""Games trained and evaluated in ``make test`` (tests/envs/test_arena.py); others load if :func:`check_game` passes."""
 
 
 class GameRefused(ValueError):

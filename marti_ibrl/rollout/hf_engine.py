@@ -24,7 +24,7 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
     copies each K/V head ``num_key_value_groups`` times (``repeat_kv``). Decoding a left-padded batch always has a
     mask, so every decoded token copied the whole KV cache of every layer: one turn of 256 cached mini Table 2
     dialogues took 3.2x as long (``benchmarks/eval_throughput.py``). Torch's CPU kernel takes ``enable_gqa`` with a
-    mask and gives the same values (``tests/test_hf_engine.py`` compares). Registered as
+    mask and gives the same values (``tests/rollout/test_hf_engine.py`` compares). Registered as
     ``attn_implementation="sdpa_gqa"`` with the SDPA mask.
     """
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)

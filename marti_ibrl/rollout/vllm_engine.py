@@ -118,7 +118,7 @@ class EngineProtocol:
 
     async def adapter_digest(self, name: str) -> str:
         """params_digest of the adapter file this engine loaded as ``name`` (that vLLM serves what it loaded is
-        tested against HF + peft on the same adapter: tests/test_lora_vllm.py)."""
+        tested against HF + peft on the same adapter: tests/e2e/test_lora_vllm.py)."""
         return combine_param_hashes(self.adapter_hashes[name])
 
     async def served_adapters(self) -> dict[str, int]:

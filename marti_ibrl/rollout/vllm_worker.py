@@ -109,7 +109,7 @@ class EngineWorkerExtension(WorkerWrap):
         vLLM's served parameters cannot be compared with the trainer's: it fuses q/k/v and gate/up under other names
         and pads the vocabulary (and with vLLM-CPU's prepacking on, keeps linear weights only in kernel form). So the
         worker keeps the hashes of the checkpoint-format tensors of its last loads; that they are also what it serves
-        is tested by comparing its greedy output with HF's on the same weights (tests/test_vllm_engine.py).
+        is tested by comparing its greedy output with HF's on the same weights (tests/rollout/test_vllm_engine.py).
         """
         from marti_ibrl.rollout.digest import combine_param_hashes
 

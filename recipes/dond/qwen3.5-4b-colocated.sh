@@ -14,7 +14,7 @@
 # IB-RL on Deal-or-No-Deal, both roles from Qwen3.5-4B, on ONE node of 8 GPUs with both roles colocated
 # (--train.colocate all: engines, actors and references of both roles share every GPU, engines sleeping while
 # DeepSpeed trains): the paper's configuration of qwen3.5-4b.sh on a quarter of the GPUs.
-# The colocated runtime is tested on CPU (tests/test_e2e_colocate.py); not yet run on GPUs (docs/cluster.md).
+# The colocated runtime is tested on CPU (tests/e2e/test_e2e_colocate.py); not yet run on GPUs (docs/cluster.md).
 # Hyperparameters and GPU layout: qwen3.5-4b-colocated.yaml beside this file.
 #
 #   DOND_MODEL=/models/Qwen3.5-4B sbatch recipes/dond/qwen3.5-4b-colocated.sh [--section.key VALUE ...]

@@ -14,7 +14,7 @@
 # IB-RL on Vehicle TeleSales, sales and customer from their Qwen3.5-4B SFT checkpoints, on ONE node of 8 GPUs with
 # both roles colocated (--train.colocate all: engines, actors and references of both roles share every GPU, engines
 # sleeping while DeepSpeed trains): the paper's configuration of qwen3.5-4b.sh on a quarter of the GPUs.
-# The colocated runtime is tested on CPU (tests/test_e2e_colocate.py); not yet run on GPUs (docs/cluster.md).
+# The colocated runtime is tested on CPU (tests/e2e/test_e2e_colocate.py); not yet run on GPUs (docs/cluster.md).
 # Hyperparameters and GPU layout: qwen3.5-4b-colocated.yaml beside this file.
 #
 #   export DEEPSEEK_API_KEY=...   # the judge's key, if it needs one (only its NAME goes on the command line)
