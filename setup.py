@@ -53,8 +53,8 @@ setup(
             "pytest-timeout",
             "pytest-xdist==3.8.0",
             "ruff==0.17.*",
-            "hypothesis==6.170.*",  # the parsers' property-based fuzz tests (tests/test_parsers_fuzz.py)
-            "grimp==3.20",  # import-linter's graph: no import circles in the package (tests/test_structure.py)
+            "hypothesis==6.170.*",  # the parsers' property-based fuzz tests (tests/envs/test_parsers_fuzz.py)
+            "grimp==3.20",  # import-linter's graph: no import circles in the package (tests/package/test_structure.py)
             *PEOPLE,
             "playwright==1.65.2",
         ],
