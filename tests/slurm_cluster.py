@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -61,22 +62,30 @@ def committed(run_dir: Path) -> int:
         return 0
 
 
-def _free_ports(n: int, consecutive: int = 1) -> list[int]:
-    """n free ports on 127.0.0.1 (each the start of ``consecutive`` free ones)."""
+def _free_ports(n: int, consecutive: int = 1, exclude: Iterable[int] = ()) -> list[int]:
+    """n free ports (each the start of ``consecutive`` free ones, none overlapping) for listeners that start minutes
+    later: Slurm's daemons and every job's Ray head, dashboard and agents. Drawn where only explicit choices land,
+    between Ray's worker ports and the kernel's ephemeral range (:func:`marti_ibrl.procenv.listen_port`): a ``bind(0)``
+    port is an ephemeral one, which the other test worker's Ray processes (gRPC, outgoing connections) can take in
+    the meantime (seen: the dashboard agent's port "already in use" on the head, so no job could be submitted)."""
+    from marti_ibrl.procenv import listen_port
+
     found: list[int] = []
+    taken: set[int] = set(exclude)  # chosen already, not yet listening
     while len(found) < n:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base < 65000 and all(_free(base + i) for i in range(consecutive)) and base not in found:
+        base = listen_port("")
+        ports = range(base, base + consecutive)
+        if base + consecutive <= 65000 and not taken.intersection(ports) and all(_free(p) for p in ports):
             found.append(base)
+            taken.update(ports)
     return found
 
 
 def _free(port: int) -> bool:
+    """Free on every address (the local Slurm's nodes listen on 127.0.0.2 and 127.0.0.3)."""
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind(("", port))
         except OSError:
             return False
     return True
@@ -90,7 +99,7 @@ class LocalSlurm:
         self.env = {
             **os.environ,
             "IBRL_SLURM_DIR": str(scratch / "slurm"),
-            "IBRL_SLURM_PORT": str(_free_ports(1, 3)[0]),
+            "IBRL_SLURM_PORT": str(_free_ports(1, 3, exclude=ports)[0]),
         }
         # at nice -10 (root only, as is Slurm here), which every job inherits: with ``pytest -n`` the other worker's
         # tests share the two cores (tests/conftest.py), and a starved job start-up waits longer for its Ray head

@@ -44,3 +44,15 @@ def test_the_roles_distributed_actors_draw_their_rendezvous_port_here():
 
     for actor in (RolePolicyActorBase, RoleReferenceActorBase):
         assert LISTEN_PORTS_FROM <= actor._get_free_port() < ephemeral_ports()[0], actor  # OpenRLHF's: bind(0)
+
+
+def test_the_local_slurms_ports_are_drawn_outside_the_ephemeral_range() -> None:
+    """tests/slurm_cluster.py chooses its daemons' and jobs' Ray ports at session start; they listen minutes later,
+    so a port another process could get from ``bind(0)`` meanwhile (an ephemeral one) is never chosen."""
+    from slurm_cluster import _free_ports
+
+    low, _ = ephemeral_ports()
+    ports = _free_ports(6) + _free_ports(3, consecutive=3)
+    assert all(LISTEN_PORTS_FROM <= p < low for p in ports)
+    spans = [set(range(p, p + 3)) for p in ports[6:]]
+    assert len(set(ports[:6])) == 6 and not (spans[0] & spans[1] or spans[0] & spans[2] or spans[1] & spans[2])
