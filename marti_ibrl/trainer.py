@@ -50,7 +50,7 @@ from marti_ibrl.training.checks import (
 )
 from marti_ibrl.training.metrics import iteration_metrics, mean_advantages, summary_table
 from marti_ibrl.training.records import ScenarioSampler, Timer, stream
-from marti_ibrl.training.seating import Play, seat_policies, snapshot_loads
+from marti_ibrl.training.seating import Play, seat_run, snapshot_loads
 from marti_ibrl.training.snapshots import SnapshotBook
 
 __all__ = ["IBRLTrainer", "Rollout", "TrainingStopped", "train"]
@@ -158,17 +158,7 @@ class IBRLTrainer:
         with timer("opponents"):  # per Eq. 6 pairing, who plays each seat: current, pool snapshot, frozen counterpart
             if configuration != BOTH:
                 self.snapshots.finish()  # the pools must hold every snapshot up to iteration k-1
-            plays, opponents, loads = seat_policies(
-                configuration,
-                scenarios,
-                roles=self.roles,
-                stacks=self.stacks,
-                snapshots=self.snapshots,
-                updates=self.updates,
-                frozen=self.frozen,
-                rng=self._rng("opponents", k),
-                due=schedule,
-            )
+            plays, opponents, loads = seat_run(self, k, configuration, scenarios, due=schedule)
             self.snapshots.load_pool_engines(loads)  # the snapshots seated on pool engines, before generation
         return Rollout(k, scenarios, configuration, schedule, opponents, dict(self.updates), plays, timer.seconds)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from marti_ibrl.algorithm.pool import Pairing, Snapshot, pairings
 from marti_ibrl.rollout.runner import Policy, Request
+from marti_ibrl.training.records import stream
 
 
 @dataclass
@@ -115,6 +116,22 @@ def seat_policies(
         if adapters:
             entry["adapters"] = adapters
     return plays, {"opponents": opponents, "pairings": log}, loads
+
+
+def seat_run(run, k: int, configuration: str, scenarios: Sequence[tuple[str, object]], due: Sequence[str] | None):
+    """:func:`seat_policies` with a run's own parts (``run``: the trainer, or anything with its ``roles``, ``stacks``,
+    ``snapshots``, ``updates``, ``frozen`` and ``cfg.train.seed``), drawing from iteration k's ``opponents`` stream."""
+    return seat_policies(
+        configuration,
+        scenarios,
+        roles=run.roles,
+        stacks=run.stacks,
+        snapshots=run.snapshots,
+        updates=run.updates,
+        frozen=run.frozen,
+        rng=stream(run.cfg.train.seed, "opponents", k),
+        due=due,
+    )
 
 
 def snapshot_loads(plays: Sequence[Play]) -> dict[int, dict[str, str]]:

@@ -14,8 +14,7 @@ import pytest
 
 from marti_ibrl.algorithm.pool import BOTH, OpponentPool, Snapshot
 from marti_ibrl.training import snapshots as snapshots_module
-from marti_ibrl.training.records import stream
-from marti_ibrl.training.seating import seat_policies
+from marti_ibrl.training.seating import seat_run
 from marti_ibrl.training.snapshots import SnapshotBook
 
 ROLES = ("agent1", "agent2")
@@ -33,21 +32,11 @@ class _Run:
 
     def __init__(self, stacks: dict, book: SnapshotBook, updates: dict[str, int]) -> None:
         self.roles, self.stacks, self.snapshots, self.updates = list(stacks), stacks, book, updates
-        self.pools = book.pools
+        self.pools, self.frozen, self.cfg = book.pools, {}, SimpleNamespace(train=SimpleNamespace(seed=1))
 
     def seat_policies(self, k: int, configuration: str, scenarios, due=None):
         """Seated as the trainer seats them, then the pool engines loaded (its next step, before generation)."""
-        plays, log, loads = seat_policies(
-            configuration,
-            scenarios,
-            roles=self.roles,
-            stacks=self.stacks,
-            snapshots=self.snapshots,
-            updates=self.updates,
-            frozen={},
-            rng=stream(1, "opponents", k),
-            due=due,
-        )
+        plays, log, loads = seat_run(self, k, configuration, scenarios, due)
         self.snapshots.load_pool_engines(loads)
         return plays, log
 
