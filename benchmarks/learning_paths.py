@@ -49,7 +49,12 @@ WARM_START = ROOT / "recipes" / "dond" / "tiny-sft-vllm"
 SEEDS = (42, 1)
 K = 3
 FLOOR = {"gain": 0.20, "malformed_last3": 0.05}
-LORA_LR = 5e-3  # adapters start at B = 0 and hold ~2% of the parameters: a larger step than full weights (1e-3)
+LORA_LR = 2e-3
+"""The LoRA roles' learning rate: adapters start at B = 0 and hold ~2% of the parameters, so they take a larger step
+than full weights (1e-3). It was 5e-3 until 2026-12-06: at seed 1 one update of agent1 (iteration 17, at 3.8e-3 on the
+cosine schedule, its advantages' mean |A| 0.92 against 0.04-0.48 before) turned its closing ``<selection>`` tag into
+``<selection1`` in 92% of its selection turns, and the run never agreed again (those units:
+``results/learning_paths/superseded/``)."""
 _ROLES = ("--role1", "--role2")
 PATHS: dict[str, list[str]] = {
     "hf": ["--rollout.engine", "hf"],
@@ -174,7 +179,26 @@ def _load(s: dict) -> str:
     return f" ({s['load_average']:.1f})" if s["load_average"] is not None else ""
 
 
-def report(units: list[dict]) -> str:
+def _flag(unit: dict, name: str) -> str | None:
+    words = unit["command"].split()
+    return words[words.index(name) + 1] if name in words else None
+
+
+def superseded(units: list[dict]) -> list[str]:
+    """Lines naming the runs of flags no longer used (``UNITS/superseded/``): kept, never silently dropped."""
+    if not units:
+        return []
+    lines = ["Runs with flags no longer used (kept in `results/learning_paths/superseded/`):", ""]
+    for u in units:
+        s = summary(u)
+        lines.append(
+            f"- {u['path']} seed {u['seed']}, learning rate {_flag(u, '--role1.lr')} (commit {u['commit']}): agreement "
+            f"{s['agreement_first3']:.2f} → {s['agreement_last3']:.2f}, malformed last 3 {s['malformed_last3']:.3f}"
+        )
+    return [*lines, ""]
+
+
+def report(units: list[dict], old: list[dict] = ()) -> str:
     rows = [summary(u) for u in units]
     lines = [
         "| path | seed | agreement first 3 → last 3 | gain | malformed last 3 | reward last 3 | turns malformed, last 3 "
@@ -208,6 +232,7 @@ def report(units: list[dict]) -> str:
             "",
             "![agreement per iteration, every path](learning_paths.png)",
             "",
+            *superseded(list(old)),
         ]
     )
 
@@ -229,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
             for seed in args.seeds:
                 unit_file = UNITS / f"{path}-s{seed}.json"
                 if unit_file.exists() and not args.rerun:
+                    kept = json.loads(unit_file.read_text())
+                    if not kept["command"].endswith(" ".join(PATHS[path])):
+                        sys.exit(
+                            f"[learning_paths] {unit_file} ran other flags than {path}'s now ({' '.join(PATHS[path])}):"
+                            " move it aside (results/learning_paths/superseded/) or pass --rerun"
+                        )
                     _log(f"{path} seed {seed}: kept from {unit_file}")
                     continue
                 unit = run_unit(path, seed, out)
@@ -243,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     if not units:
         sys.exit("[learning_paths] no results yet")
     figure(units, RESULTS / "learning_paths.png")
-    (RESULTS / "learning_paths.md").write_text(report(units))
+    old = [json.loads(f.read_text()) for f in sorted((UNITS / "superseded").glob("*.json"))]
+    (RESULTS / "learning_paths.md").write_text(report(units, old))
     keys = ("path", "seed", "agreement_gain", "malformed_last3", "s_per_iteration", "meets_floor")
     (RESULTS / "learning_paths.json").write_text(
         json.dumps([{k: summary(u)[k] for k in keys} for u in units], indent=1) + "\n"
