@@ -45,6 +45,7 @@ from marti_ibrl.training.checks import (
     count_skipped_updates,
     report_reward_failures,
     training_scenarios,
+    warn_malformed_jump,
     warn_uninformative,
     weights_moved,
 )
@@ -292,6 +293,8 @@ class IBRLTrainer:
                     metrics = self.async_iteration(k) if cfg.train.async_rollout else self.iteration(k)
                     metrics["timing/iteration"] = time.perf_counter() - start  # wall time, whatever overlapped
                     self.check_sync(k)
+                    before = self.history[-1] if self.history else None
+                    warn_malformed_jump(k, before, metrics, self.trained, cfg.train.warn_malformed_jump)
                     self.history.append(metrics)
                     self.logger.log_train(k, metrics)
                     bar.set_postfix({f"{r}/reward": f"{metrics[f'{r}/reward']:.2f}" for r in self.roles})

@@ -233,6 +233,10 @@ class TrainConfig:
     row had no informative advantage group (``ROLE/informative_groups`` 0: every group of one member or of equal
     rewards, e.g. all malformed, so Â = 0 everywhere and the update moves the policy by its KL term only; such an
     update shows as ``upd 0`` in the iteration table). 0: never warn."""
+    warn_malformed_jump: float = 0.3
+    """Warn, in one console line, when the share of a role's turns the env refused (``ROLE/attempts_malformed``)
+    rises by at least this much from one iteration to the next after an update of that role: an update that broke
+    its output format (lower its learning rate if it persists). 0: never warn."""
 
 
 @dataclass
