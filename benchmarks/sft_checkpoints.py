@@ -5,9 +5,10 @@ dialogues, with an HF checkpoint every 75 optimizer steps; per checkpoint the pr
 self-play (``sft.validity_report``), the share of answers that are the offer's complement (a deal). Results in
 ``benchmarks/results/sft_checkpoints.json``; docs/measured.md ("Every path learns? The warm start first") reads them.
 Run in a clone of its own, from a directory where ``marti-ibrl demo --rollout.engine vllm --model tiny --make-sft``
-left ``runs/demo/tiny`` and ``runs/demo/sft_data.jsonl``:
+left ``runs/demo/tiny`` and ``runs/demo/sft_data.jsonl``, or with ``--accept-share S``, which makes both here as the
+demo makes them (the recipe's environment, seed 0) with acceptances taught in that share of the dialogues:
 
-    .venv/bin/python benchmarks/sft_checkpoints.py [--every 75] [--out runs/sft_checkpoints]
+    .venv/bin/python benchmarks/sft_checkpoints.py [--every 75] [--out runs/sft_checkpoints] [--accept-share 0.3]
 """
 
 import argparse
@@ -17,14 +18,38 @@ from pathlib import Path
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
 from marti_ibrl.sft import DEMO_SFT_VLLM, protocol_validity, run_sft, validity_report
 
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "dond" / "tiny-cpu.yaml"
+
+
+def make_data(accept_share: float) -> None:
+    """``runs/demo/tiny`` and ``runs/demo/sft_data.jsonl`` as ``marti-ibrl demo --rollout.engine vllm --make-sft``
+    makes them (:func:`marti_ibrl.demo.prepare`, seed 0), the share of acceptances taught ``accept_share``."""
+    from omegaconf import OmegaConf
+
+    from marti_ibrl.config import EnvConfig
+    from marti_ibrl.demo import base_model
+    from marti_ibrl.envs import make_env
+    from marti_ibrl.envs.dond import TRAINING_BOTS
+    from marti_ibrl.sft import sft_records, write_sft_data
+
+    env_cfg = EnvConfig(**OmegaConf.to_container(OmegaConf.load(RECIPE).env))
+    base_model("tiny", Path("runs/demo"), env_cfg, seed=0, engine="vllm")
+    env, _ = make_env(env_cfg, 0)
+    scenarios = generate_scenarios(DEMO_SFT_VLLM["n_scenarios"], 1)
+    records = sft_records(env, scenarios, sorted(TRAINING_BOTS), 0, accept_share=accept_share)
+    print(f"{len(records)} records, accept_share {accept_share}:", write_sft_data("runs/demo/sft_data.jsonl", records))
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--every", type=int, default=75)
     p.add_argument("--out", default="runs/sft_checkpoints")
     p.add_argument("--results", default="sft_checkpoints.json", help="file name under benchmarks/results/")
+    p.add_argument("--accept-share", type=float, help="make runs/demo's base model and data here, with this share")
     args = p.parse_args()
     out = Path(args.out)
+    if args.accept_share is not None:
+        make_data(args.accept_share)
     cfg = {k: v for k, v in DEMO_SFT_VLLM.items() if k not in ("n_scenarios", "accept_share")}  # the data's own
     run_sft("runs/demo/tiny", "runs/demo/sft_data.jsonl", str(out), seed=0,
             extra_args=["--ckpt.save_steps", str(args.every), "--ckpt.save_hf"], **cfg)  # fmt: skip
@@ -39,6 +64,7 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     results = Path(__file__).parent / "results" / args.results
     what = f"DEMO_SFT_VLLM {json.dumps(DEMO_SFT_VLLM)}, a checkpoint every {args.every} steps"
+    what += "" if args.accept_share is None else f", data made here with accept_share {args.accept_share}"
     results.write_text(json.dumps({"what": what, "checkpoints": rows}, indent=1) + "\n")
 
 
