@@ -1,6 +1,7 @@
 """What stops or warns a run, each in one line: a config whose first prompts cannot fit (before Ray starts), rewards
-that failed, optimizer steps skipped for NaN/inf, roles with no informative update, an update that broke a role's output format, engines out of sync with their
-actor (``--train.check_sync``). docs/troubleshooting.md says what to do about each."""
+that failed, optimizer steps skipped for NaN/inf, roles with no informative update, an update that broke a role's
+output format, engines out of sync with their actor (``--train.check_sync``). docs/troubleshooting.md says what to do
+about each."""
 
 from __future__ import annotations
 
@@ -110,8 +111,8 @@ def warn_uninformative(
             )
 
 
-def warn_malformed_jump(k: int, before: dict | None, now: dict, roles: Sequence[str], jump: float) -> list[str]:
-    """Per trained role: one console line when the share of its turns the env refused (``ROLE/attempts_malformed``,
+def warn_malformed_jump(k: int, before: dict | None, now: dict, lr_flags: dict[str, str], jump: float) -> list[str]:
+    """Per trained role (``lr_flags``: each one's learning-rate flag, ``--roleN.lr``): one console line when the share of its turns the env refused (``ROLE/attempts_malformed``,
     re-sampled attempts included) rose by at least ``jump`` (``--train.warn_malformed_jump``; 0 never) from iteration
     k-1 (``before``: its metrics; None at a run's first iteration) to k (``now``), after updates of that role: the
     sign of an update that broke its output format (measured: a LoRA role at learning rate 3.8e-3 went from 0.00 to
@@ -119,15 +120,15 @@ def warn_malformed_jump(k: int, before: dict | None, now: dict, roles: Sequence[
     if not jump or before is None:
         return []
     lines = []
-    for r in roles:
+    for r, flag in lr_flags.items():
         was, is_ = before.get(f"{r}/attempts_malformed"), now.get(f"{r}/attempts_malformed")
         if was is None or is_ is None or is_ - was < jump or not before.get(f"{r}/updated"):
             continue
         lr = before.get(f"{r}/actor_lr")
-        at = f" at learning rate {lr:.2g}" if lr else ""
+        at = f" (learning rate {lr:.2g})" if lr else ""
         lines.append(
-            f"iteration {k}: warning: {r}'s malformed turns rose from {was:.2f} to {is_:.2f} after its update{at} at "
-            f"iteration {k - 1}: an update that broke its output format; if it persists, lower its --roleN.lr "
+            f"iteration {k}: warning: {r}'s malformed turns rose from {was:.2f} at iteration {k - 1} to {is_:.2f} after "
+            f"its update{at}: an update that broke its output format; if it persists, lower {flag} "
             "(`marti-ibrl show RUN --malformed` says what it writes; docs/troubleshooting.md)"
         )
     for line in lines:

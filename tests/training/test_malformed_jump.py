@@ -10,27 +10,32 @@ from marti_ibrl.training.checks import warn_malformed_jump
 UNITS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "learning_paths"
 
 
+FLAGS = {"agent1": "--role1.lr", "agent2": "--role2.lr"}
+
+
 def _m(agent1: float, agent2: float = 0.0, updated: float = 1.0, lr: float | None = None) -> dict:
     m = {"agent1/attempts_malformed": agent1, "agent2/attempts_malformed": agent2, "agent1/updated": updated}
     return m | ({"agent1/actor_lr": lr} if lr else {})
 
 
 def test_a_jump_after_an_update_is_said_naming_role_rates_and_learning_rate(capsys) -> None:
-    lines = warn_malformed_jump(18, _m(0.0, lr=0.0038), _m(0.61, 0.07), ["agent1", "agent2"], 0.3)
+    lines = warn_malformed_jump(18, _m(0.0, lr=0.0038), _m(0.61, 0.07), FLAGS, 0.3)
     assert lines == [
-        "iteration 18: warning: agent1's malformed turns rose from 0.00 to 0.61 after its update at learning rate "
-        "0.0038 at iteration 17: an update that broke its output format; if it persists, lower its --roleN.lr "
+        "iteration 18: warning: agent1's malformed turns rose from 0.00 at iteration 17 to 0.61 after its update "
+        "(learning rate 0.0038): an update that broke its output format; if it persists, lower --role1.lr "
         "(`marti-ibrl show RUN --malformed` says what it writes; docs/troubleshooting.md)"
     ]
     assert capsys.readouterr().out.strip() == lines[0]
 
 
 def test_no_warning_below_the_jump_without_an_update_at_the_first_iteration_or_when_off(capsys) -> None:
-    assert warn_malformed_jump(5, _m(0.10), _m(0.39), ["agent1"], 0.3) == []  # +0.29
-    assert warn_malformed_jump(5, _m(0.0, updated=0.0), _m(0.9), ["agent1"], 0.3) == []  # it did not update
-    assert warn_malformed_jump(1, None, _m(0.9), ["agent1"], 0.3) == []
-    assert warn_malformed_jump(5, _m(0.0), _m(0.9), ["agent1"], 0.0) == []
-    assert warn_malformed_jump(5, _m(0.0), _m(0.9), ["agent2"], 0.3) == []  # (agent2 did not jump)
+    assert warn_malformed_jump(5, _m(0.10), _m(0.39), {"agent1": "--role1.lr"}, 0.3) == []  # +0.29
+    assert (
+        warn_malformed_jump(5, _m(0.0, updated=0.0), _m(0.9), {"agent1": "--role1.lr"}, 0.3) == []
+    )  # it did not update
+    assert warn_malformed_jump(1, None, _m(0.9), {"agent1": "--role1.lr"}, 0.3) == []
+    assert warn_malformed_jump(5, _m(0.0), _m(0.9), {"agent1": "--role1.lr"}, 0.0) == []
+    assert warn_malformed_jump(5, _m(0.0), _m(0.9), {"agent2": "--role2.lr"}, 0.3) == []  # (agent2 did not jump)
     assert capsys.readouterr().out == ""
 
 
@@ -44,7 +49,8 @@ def test_replayed_on_the_measured_runs_it_fires_once_on_the_lora_collapse_only(c
         unit = json.loads(f.read_text())
         history = [m | {f"{r}/updated": 1.0 for r in unit["roles"]} for m in unit["history"]]
         for before, now in zip(history, history[1:]):
-            lines = warn_malformed_jump(int(now["iteration"]), before, now, unit["roles"], 0.3)
+            flags = {r: f"--role{i}.lr" for i, r in enumerate(unit["roles"], 1)}
+            lines = warn_malformed_jump(int(now["iteration"]), before, now, flags, 0.3)
             if lines:
                 fired.setdefault(f.stem, []).append((int(now["iteration"]), lines[0].split("'")[0].split()[-1]))
     assert fired == {"lora-lr5e-3-s1": [(18, "agent1")]}
