@@ -3,7 +3,9 @@
 Per game of ``marti_ibrl.envs.arena.VERIFIED`` (SimpleNegotiation, TicTacToe, Kuhn Poker, the iterated prisoner's
 dilemma): the demo's tiny model (``sft.DEMO_TINY_MODEL``, its tokenizer trained on the game's own text), a warm start
 from the game's scripted ``random`` players (``marti-ibrl sft --env textarena:GAME``, :data:`SFT`), then a short
-IB-RL run from it (``marti-ibrl train``, the demo's hyperparameters, :data:`TRAIN`), HF engines, seed 42.
+IB-RL run from it (``marti-ibrl train``, the demo's hyperparameters, :data:`TRAIN`), HF engines, seed 42. A unit
+``GAME+own`` trains the same game from the same warm start with ``--env.payoff own`` (each player's own score, not
+zero-sum: the games of ``arena.OWN_PAYOFF``).
 
 Question, fixed before any run (the issue sets no floor): per game and role, does the mean reward move from the first
 3 to the last 3 iterations, and the share of decisive games (a player won, or gained where nobody loses: the
@@ -71,34 +73,41 @@ def base_model(game: str, out: Path) -> str:
     return build_tiny_model(out / "tiny", corpus, vocab_size=1024, **DEMO_TINY_MODEL)
 
 
-def run_unit(game: str, out: Path) -> dict:
+OWN = "+own"
+"""A unit ``GAME+own``: the game with ``--env.payoff own`` (each player's own score: not zero-sum), from the same warm
+start as ``GAME``."""
+
+
+def run_unit(unit: str, out: Path) -> dict:
     from marti_ibrl.eval.figures import load_history, roles_in_history
 
-    work = out / game
+    game = unit.removesuffix(OWN)
+    made, work = out / game, out / unit  # the game's warm start (shared by its payoffs), this unit's run
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with LoadMeter() as load, open(out / f"{game}.log", "w") as log:
-        tiny = base_model(game, work)
-        sft = [_exe(), "sft", "--env", f"textarena:{game}", "--pretrain", tiny, "--out", str(work / "sft"), *SFT]
-        if not (work / "sft" / "sft_record.json").exists():
+    with LoadMeter() as load, open(out / f"{unit}.log", "w") as log:
+        sft = [_exe(), "sft", "--env", f"textarena:{game}", "--out", str(made / "sft"), *SFT]
+        if not (made / "sft" / "sft_record.json").exists():
+            sft[4:4] = ["--pretrain", base_model(game, made)]
             _log(f"{game}: {' '.join(sft[1:])}")
             if subprocess.run(sft, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode:
-                sys.exit(f"[textarena_games] {game}: sft failed; see {out}/{game}.log")
+                sys.exit(f"[textarena_games] {game}: sft failed; see {out}/{unit}.log")
         t_sft = time.perf_counter() - t0
         train = [_exe(), "train", "--env.name", f"textarena:{game}", "--ckpt.path", str(work / "ibrl")]
-        train += ["--role1.pretrain", str(work / "sft"), "--role2.pretrain", str(work / "sft"), *TRAIN]
-        _log(f"{game}: {' '.join(train[1:])}")
+        train += ["--role1.pretrain", str(made / "sft"), "--role2.pretrain", str(made / "sft"), *TRAIN]
+        train += ["--env.payoff", "own"] if unit.endswith(OWN) else []
+        _log(f"{unit}: {' '.join(train[1:])}")
         t1 = time.perf_counter()
         if subprocess.run(train, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode:
-            sys.exit(f"[textarena_games] {game}: train failed; see {out}/{game}.log")
+            sys.exit(f"[textarena_games] {unit}: train failed; see {out}/{unit}.log")
         t_train = time.perf_counter() - t1
     history = load_history(work / "ibrl")
     roles = roles_in_history(history)
-    made = json.loads((work / "sft" / "sft_record.json").read_text())
+    record = json.loads((made / "sft" / "sft_record.json").read_text())
     return {
-        "game": game,
+        "game": unit,
         "commit": commit(),
-        "sft": {"command": " ".join(sft[1:]), "seconds": round(t_sft, 1), "valid_turns": made["valid_turns"]},
+        "sft": {"command": " ".join(sft[1:]), "seconds": round(t_sft, 1), "valid_turns": record["valid_turns"]},
         "command": " ".join(train[1:]),
         "train_seconds": round(t_train, 1),
         "load_average": load.mean,
@@ -171,7 +180,9 @@ def report(units: list[dict]) -> str:
             "",
             "Issue 52, item 6. Question fixed before the runs (no floor): per game, does each role's reward and the "
             "share of decisive games move from the first 3 to the last 3 iterations, and how fast is an iteration on "
-            f"2 cores? Tiny model, warm start from the game's scripted players, seed {SEED}. Commits: "
+            f"2 cores? Tiny model, warm start from the game's scripted players, seed {SEED}. Rewards are TextArena's "
+            f"(win 1 / loss -1 / draw 0, zero-sum in every game) except in `GAME{OWN}` rows (`--env.payoff own`: each "
+            "player's own score, not zero-sum; decisive there means some player scored above 0). Commits: "
             f"{', '.join(sorted({u['commit'] for u in units}))}.",
             "",
             *lines,
@@ -183,10 +194,11 @@ def report(units: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from marti_ibrl.envs.arena import VERIFIED
+    from marti_ibrl.envs.arena import OWN_PAYOFF, VERIFIED
 
+    games = [*VERIFIED, *(g + OWN for g in VERIFIED if g in OWN_PAYOFF)]
     p = unit_parser(__doc__, "runs/textarena_games", "game")
-    p.add_argument("--games", nargs="*", default=list(VERIFIED), choices=list(VERIFIED))
+    p.add_argument("--games", nargs="*", default=games, choices=games, help=f"GAME{OWN}: with --env.payoff own")
     args = p.parse_args(argv)
     UNITS.mkdir(parents=True, exist_ok=True)
     if not args.report_only:

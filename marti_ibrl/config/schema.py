@@ -115,6 +115,11 @@ class EnvConfig:
     """TeleSales prompt language (``en`` or ``zh``): the roles' system prompts and the judges' prompts."""
     num_scenarios: int = 4096
     """Size of the generated training scenario set (when ``data`` is empty)."""
+    payoff: str = "outcome"
+    """TextArena games (``textarena:GAME``): a role's reward. ``outcome``: TextArena's (win 1 / loss -1 / draw 0;
+    zero-sum, also in the prisoner's dilemma and the negotiation, which it scores by who gained more); ``own``: the
+    player's own score where the game keeps one (the prisoner's dilemma's points, the negotiation's gain in inventory
+    value; not zero-sum). Other environments: ``outcome`` only."""
 
 
 @dataclass

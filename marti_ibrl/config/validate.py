@@ -112,9 +112,19 @@ def _validate_env(cfg: Config, exists: Existence):
         "env.show_complement",
         f"is for the {_titles(lambda spec: 'show_complement' in spec.options)}",
     )
+    _need(
+        cfg.env.payoff == "outcome" or "payoff" in env.options,
+        "env.payoff",
+        f"{cfg.env.payoff}: other payoffs are for TextArena's games (textarena:GAME); {cfg.env.name} has outcome only",
+    )
     _need(cfg.env.data is None or exists.file(cfg.env.data), "env.data", f"no such file {cfg.env.data}")
     if env.check is not None:
-        env.check(cfg)  # the env's own checks (TeleSales: --env.lang)
+        try:
+            env.check(cfg)  # the env's own checks (TeleSales: --env.lang; TextArena: --env.payoff)
+        except ConfigError:
+            raise
+        except ValueError as e:  # an env below the config package refuses with its own ValueError, flag first
+            raise ConfigError(str(e)) from None
     return env
 
 

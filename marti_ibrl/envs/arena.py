@@ -17,9 +17,11 @@ unwrapped (``GAME-ID-raw``): nothing of its rules is copied.
   back exactly as before the move (a snapshot, TextArena's retry message included), so the runner re-samples it
   (``--env.max_resamples``) and penalises every attempt as it does for any game; a turn that stays invalid ends the
   game with ``--env.invalid_penalty`` for its player and 0 for the other.
-* **Rewards** are TextArena's per player at the end (win 1 / loss -1 / draw 0 in zero-sum games; in the iterated
-  prisoner's dilemma and the negotiations, each player's own, not zero-sum). ``Outcome.agreed``: a player won (or,
-  where nobody loses, some player gained: a deal); ``info["reason"]``: TextArena's.
+* **Rewards** (``--env.payoff``): ``outcome``, TextArena's per player at the end: win 1 / loss -1 / draw 0, zero-sum
+  in every game, the iterated prisoner's dilemma and the negotiation included (TextArena scores them by who gained
+  more); ``own``, the player's own score where the game keeps one (:data:`OWN_PAYOFF`: the dilemma's points, the
+  negotiation's gain in inventory value), read from TextArena's game state, not zero-sum. ``Outcome.agreed``: a
+  player won (``own``: some player gained); ``info["reason"]``: TextArena's.
 * **Randomness.** TextArena draws from Python's global ``random`` (its ``reset`` seeds it): each game keeps its own
   generator state and swaps it in around every TextArena call, so dialogues played side by side stay reproducible
   and nothing of ours shares a stream with them.
@@ -48,6 +50,12 @@ ROLES = ("player0", "player1")
 FETCHING = ("nltk", "requests", "urllib", "load_dataset", "hf_hub", "download")
 """Words in a game's module that mean it reads corpora or the network at run time."""
 GAME = -1  # TextArena's sender id of the game's own messages (ta.GAME_ID)
+PAYOFFS = ("outcome", "own")
+OWN_PAYOFF = {
+    "IteratedPrisonersDilemma-v0": lambda game_state, pid: game_state["scores"][pid],
+    "SimpleNegotiation-v0": lambda game_state, pid: game_state["inventory_value"][pid]["change"],
+}
+"""``--env.payoff own``: each game's own score of a player, as TextArena's game state keeps it at the end."""
 VERIFIED = ("SimpleNegotiation-v0", "TicTacToe-v0", "KuhnPoker-v0", "IteratedPrisonersDilemma-v0")
 """Games trained and evaluated in ``make test`` (tests/envs/test_arena.py); others load if :func:`check_game` passes."""
 
@@ -140,6 +148,7 @@ class TextArenaEnv:
         check_game(self.gid)
         self.invalid_penalty = float(cfg.invalid_penalty)
         self.num_scenarios = int(cfg.num_scenarios)
+        self.payoff = check_payoff(self.gid, getattr(cfg, "payoff", "outcome"))
         self._prompts: dict[int, dict[int, str]] = {}
 
     # -- scenarios ------------------------------------------------------------------------------------------------
@@ -232,13 +241,14 @@ class TextArenaEnv:
             game.env.reset(num_players=2, seed=scenario)
         return game
 
-    @staticmethod
-    def _end_if_over(state: _Game) -> None:
+    def _end_if_over(self, state: _Game) -> None:
         ta_state = state.env.state
         if not ta_state.done:
             return
         state.done = True
         state.rewards = {int(pid): float(r) for pid, r in (ta_state.rewards or {}).items()}
+        if self.payoff == "own":
+            state.rewards = {pid: float(OWN_PAYOFF[self.gid](ta_state.game_state, pid)) for pid in (0, 1)}
         reasons = [info.get("reason") for info in ta_state.game_info.values() if info.get("reason")]
         state.reason = str(reasons[0] if reasons else getattr(ta_state, "info", {}).get("reason", "game over"))
 
@@ -281,10 +291,30 @@ def _last_admin(messages: list) -> str:
     return ""
 
 
+def check_payoff(gid: str, payoff: str) -> str:
+    """``payoff`` if game ``gid`` has it (:data:`PAYOFFS`, ``own`` where :data:`OWN_PAYOFF` names the game's score);
+    otherwise :class:`GameRefused` in one line."""
+    if payoff not in PAYOFFS:
+        raise GameRefused(f"--env.payoff: {payoff}: must be one of {', '.join(PAYOFFS)}")
+    if payoff == "own" and gid not in OWN_PAYOFF:
+        raise GameRefused(
+            f"--env.payoff: own: textarena:{gid} keeps no score of each player's own (only {', '.join(OWN_PAYOFF)}); "
+            "its reward is TextArena's outcome"
+        )
+    return payoff
+
+
 def arena_spec(name: str) -> EnvSpec:
-    """The registry's spec of ``textarena:GAME-ID`` (checked: :func:`check_game`)."""
+    """The registry's spec of ``textarena:GAME-ID`` (checked: :func:`check_game`; its ``--env.payoff``:
+    :func:`check_payoff`)."""
     check_game(game_id(name))
-    return EnvSpec(name=name, roles=ROLES, factory=make_arena_env, title=f"TextArena {game_id(name)}")
+
+    def check(cfg: Any) -> None:
+        check_payoff(game_id(name), cfg.env.payoff)  # (validate says a refusal as a ConfigError)
+
+    title = f"TextArena {game_id(name)}"
+    options = frozenset({"payoff"})
+    return EnvSpec(name=name, roles=ROLES, factory=make_arena_env, title=title, check=check, options=options)
 
 
 def make_arena_env(cfg: Any, seed: int) -> tuple[TextArenaEnv, list[tuple[str, int]]]:

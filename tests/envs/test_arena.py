@@ -6,6 +6,7 @@ and evaluation of each: the slow test at the end."""
 import copy
 import json
 import random
+import re
 
 import pytest
 
@@ -116,6 +117,45 @@ def test_games_textarena_cannot_play_here_are_refused_in_one_line(tmp_path) -> N
             load_config(["--env.name", f"textarena:{gid}", "--role1.pretrain", "x", "--role2.pretrain", "y"])
 
 
+def test_own_payoff_is_each_players_score_and_not_zero_sum() -> None:
+    """``--env.payoff own``: the dilemma's points (TextArena's last message says them: "Player 1 wins 39 - 9",
+    "Draw! Both players scored 10") and the negotiation's gain in inventory value, where ``outcome`` is TextArena's
+    win/loss/draw (zero-sum there too)."""
+    sums = []
+    for gid in ("IteratedPrisonersDilemma-v0", "SimpleNegotiation-v0"):
+        env, scenarios = make_env(EnvConfig(name=f"textarena:{gid}", num_scenarios=6, max_rounds=99, payoff="own"), 0)
+        players = {r: env.scripted_players()["random"] for r in env.roles}
+        for i, (_, scenario) in enumerate(scenarios):
+            state = env.new_state(scenario, env.roles)
+            for role, text, _ in scripted_dialogue(env, scenario, players, env.roles, random.Random(i)):
+                assert env.step(state, role, text).valid
+            own = env.outcome(state).utilities
+            assert [env.reward(state, r) for r in env.roles] == [own["player0"], own["player1"]]
+            ta = state.env.state
+            assert sorted(ta.rewards.values()) in ([-1, 1], [0, 0])  # TextArena's outcome: zero-sum
+            if gid == "IteratedPrisonersDilemma-v0":
+                said = [int(x) for x in re.findall(r"\d+", ta.game_info[0]["reason"])][-2:]
+                assert sorted(own.values()) == sorted(said if "wins" in ta.game_info[0]["reason"] else said * 2)
+            else:
+                value = {p: v["current"] - v["initial"] for p, v in ta.game_state["inventory_value"].items()}
+                assert own == {"player0": value[0], "player1": value[1]}
+            sums.append(sum(own.values()))
+    assert any(x != 0 for x in sums)  # not zero-sum
+
+
+def test_own_payoff_is_refused_where_the_game_keeps_no_score_and_outside_textarena() -> None:
+    cases = {
+        "textarena:TicTacToe-v0": "--env.payoff: own: textarena:TicTacToe-v0 keeps no score of each player's own",
+        "dond": "--env.payoff: own: other payoffs are for TextArena's games",
+    }
+    for name, why in cases.items():
+        with pytest.raises(ConfigError, match=re.escape(why)):
+            load_config(["--env.name", name, "--env.payoff", "own", "--role1.pretrain", "x", "--role2.pretrain", "y"])
+    with pytest.raises(ConfigError, match="--env.payoff: best: must be one of outcome, own"):
+        load_config(["--env.name", "textarena:KuhnPoker-v0", "--env.payoff", "best", "--role1.pretrain", "x",
+                     "--role2.pretrain", "y"])  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("gid", VERIFIED)
 def test_each_game_trains_two_iterations_then_is_evaluated(gid, tmp_path, monkeypatch) -> None:
@@ -139,6 +179,7 @@ def test_each_game_trains_two_iterations_then_is_evaluated(gid, tmp_path, monkey
     ]
     diagnosed = gid == "TicTacToe-v0"  # one game also saves a checkpoint each iteration and is diagnosed
     train += ["--ckpt.save_steps", "1"] if diagnosed else []
+    train += ["--env.payoff", "own"] if gid == "IteratedPrisonersDilemma-v0" else []  # the non-zero-sum game
     assert main(train) == 0
     ray.shutdown()
     from marti_ibrl.eval.figures import load_history
