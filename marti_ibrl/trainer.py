@@ -287,7 +287,6 @@ class IBRLTrainer:
         try:
             try:
                 self.check_sync(k - 1)  # (--train.check_sync) the start-up broadcast
-                lr_flags = {r.name: f"--role{i}.lr" for i, r in enumerate(cfg.roles, 1) if r.name in self.trained}
                 bar = progress_bar(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
                 for k in bar:
                     start = time.perf_counter()
@@ -295,6 +294,7 @@ class IBRLTrainer:
                     metrics["timing/iteration"] = time.perf_counter() - start  # wall time, whatever overlapped
                     self.check_sync(k)
                     before = self.history[-1] if self.history else None
+                    lr_flags = {r.name: f"--role{i}.lr" for i, r in enumerate(cfg.roles, 1) if r.name in self.trained}
                     warn_malformed_jump(k, before, metrics, lr_flags, cfg.train.warn_malformed_jump)
                     self.history.append(metrics)
                     self.logger.log_train(k, metrics)
