@@ -29,6 +29,10 @@ per run: ``path``, ``seed``, ``agreement_gain``, ``malformed_last3``, ``s_per_it
 path's agreement curve) is rebuilt from those files (``--report-only``). Run it in a clone of its own:
 
     .venv/bin/python benchmarks/learning_paths.py --out runs/learning_paths [--paths hf lora] [--seeds 42 1]
+
+``--pilot DIR`` tries a candidate warm start before the benchmark adopts it (the rule for adopting one is decided in
+docs/measured.md before its runs): the same units from ``DIR``, kept in ``results/learning_paths/pilot/``, printed, and
+left out of the report.
 """
 
 from __future__ import annotations
@@ -77,22 +81,22 @@ def _log(msg: str) -> None:
     print(f"[learning_paths] {msg}", flush=True)
 
 
-def command(path: str, seed: int, run: Path) -> list[str]:
+def command(path: str, seed: int, run: Path, warm_start: Path = WARM_START) -> list[str]:
     """``marti-ibrl train`` of one path and seed, into ``run``."""
     exe = str(Path(sys.executable).parent / "marti-ibrl")
     return [
         *(exe, "train", "--config", str(RECIPE)),
-        *("--role1.pretrain", str(WARM_START), "--role2.pretrain", str(WARM_START)),
+        *("--role1.pretrain", str(warm_start), "--role2.pretrain", str(warm_start)),
         *("--ckpt.path", str(run), "--train.seed", str(seed), "--ckpt.save_hf", "false"),
         *PATHS[path],
     ]
 
 
-def run_unit(path: str, seed: int, out: Path) -> dict:
+def run_unit(path: str, seed: int, out: Path, warm_start: Path = WARM_START) -> dict:
     from marti_ibrl.eval.figures import load_history, roles_in_history
 
     run = out / f"{path}-s{seed}"
-    cmd = command(path, seed, run)
+    cmd = command(path, seed, run, warm_start)
     _log(f"{path} seed {seed}: {' '.join(cmd)}")
     t0 = time.perf_counter()
     with LoadMeter() as load, open(out / f"{path}-s{seed}.log", "w") as log:
@@ -184,6 +188,11 @@ def _flag(unit: dict, name: str) -> str | None:
     return words[words.index(name) + 1] if name in words else None
 
 
+def _warm_name(unit: dict) -> str:
+    """The name of the directory a unit's roles started from (``tiny-sft-vllm`` for the benchmark's own)."""
+    return Path(_flag(unit, "--role1.pretrain") or "").name
+
+
 def superseded(units: list[dict]) -> list[str]:
     """Lines naming the runs of flags no longer used (``UNITS/superseded/``): kept, never silently dropped."""
     if not units:
@@ -241,34 +250,42 @@ def main(argv: list[str] | None = None) -> int:
     p = unit_parser(__doc__, "runs/learning_paths", "unit")
     p.add_argument("--paths", nargs="*", default=list(PATHS), choices=list(PATHS))
     p.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
+    p.add_argument(
+        "--pilot",
+        metavar="DIR",
+        help="try a candidate warm start (an HF model directory): its units go to results/learning_paths/pilot/, "
+        "the report is left alone",
+    )
     args = p.parse_args(argv)
-    UNITS.mkdir(parents=True, exist_ok=True)
+    warm, units_dir = (Path(args.pilot).resolve(), UNITS / "pilot") if args.pilot else (WARM_START, UNITS)
+    units_dir.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
-        if not (WARM_START / "model.safetensors").exists():
-            sys.exit(
-                f"[learning_paths] no warm start in {WARM_START}: make it first (its README line in docs/measured.md)"
-            )
+        if not (warm / "model.safetensors").exists():
+            sys.exit(f"[learning_paths] no warm start in {warm}: make it first (its README line in docs/measured.md)")
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         for path in args.paths:
             for seed in args.seeds:
-                unit_file = UNITS / f"{path}-s{seed}.json"
+                unit_file = units_dir / f"{path}-s{seed}.json"
                 if unit_file.exists() and not args.rerun:
                     kept = json.loads(unit_file.read_text())
-                    if not kept["command"].endswith(" ".join(PATHS[path])):
+                    if not kept["command"].endswith(" ".join(PATHS[path])) or _warm_name(kept) != warm.name:
                         sys.exit(
-                            f"[learning_paths] {unit_file} ran other flags than {path}'s now ({' '.join(PATHS[path])}):"
-                            " move it aside (results/learning_paths/superseded/) or pass --rerun"
+                            f"[learning_paths] {unit_file} ran other flags than {path}'s now ({' '.join(PATHS[path])})"
+                            f" or another warm start than {warm.name}: move it aside "
+                            "(results/learning_paths/superseded/) or pass --rerun"
                         )
                     _log(f"{path} seed {seed}: kept from {unit_file}")
                     continue
-                unit = run_unit(path, seed, out)
+                unit = run_unit(path, seed, out, warm)
                 write_unit(unit_file, unit)
                 s = summary(unit)
                 _log(
                     f"{path} seed {seed}: agreement {s['agreement_first3']:.2f} -> {s['agreement_last3']:.2f}, "
                     f"malformed last 3 {s['malformed_last3']:.3f}, {s['s_per_iteration']:.1f} s/iteration"
                 )
+    if args.pilot:
+        return 0
     units = [json.loads(f.read_text()) for f in sorted(UNITS.glob("*.json"))]
     units.sort(key=lambda u: (list(PATHS).index(u["path"]), u["seed"]))
     if not units:

@@ -16,12 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 @contextmanager
 def benchmark_module(name: str) -> Iterator:
     """``benchmarks/NAME.py`` as module ``NAME`` (registered in sys.modules while in use: dataclasses resolve
-    their annotations through it)."""
+    their annotations through it). ``benchmarks/`` is on the path while it loads: scripts import their shared
+    ``units`` module from beside them, as they do when run."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(ROOT / "benchmarks"))
         yield module
     finally:
         sys.modules.pop(name, None)
