@@ -4,10 +4,8 @@ and ``--pilot`` keeps a candidate warm start's units apart from the report (issu
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-
 from bench_loader import benchmark_fixture
 
 bench = benchmark_fixture("learning_paths")
