@@ -1,6 +1,6 @@
 """``warn_malformed_jump``: an update that broke a role's output format is said in one line (issue 49, item 5's
-sibling). Replayed on the measured runs of ``benchmarks/learning_paths.py``: it fires on the LoRA collapse and on no
-healthy run."""
+sibling). Replayed on the measured runs of ``benchmarks/learning_paths.py``: it fires on the LoRA collapse and on the
+async path's one-iteration breaks of agent1's offers (docs/measured.md), and on no other run."""
 
 import json
 from pathlib import Path
@@ -39,9 +39,11 @@ def test_no_warning_below_the_jump_without_an_update_at_the_first_iteration_or_w
     assert capsys.readouterr().out == ""
 
 
-def test_replayed_on_the_measured_runs_it_fires_once_on_the_lora_collapse_only(capsys) -> None:
+def test_replayed_on_the_measured_runs_it_fires_on_the_lora_collapse_and_the_async_breaks_only(capsys) -> None:
     """Every unit of benchmarks/learning_paths.py, as if each role updated every iteration (more warnings, not
-    fewer): the LoRA run at 5e-3, seed 1, at iteration 18 (agent1 0.00 -> 0.66); none of the runs that learned."""
+    fewer): the LoRA run at 5e-3, seed 1, at iteration 18 (agent1 0.00 -> 0.66), and the two 60-iteration async runs
+    at the one iteration each where agent1's offers broke (seed 1: 0.00 -> 0.58 at 26; seed 42: 0.00 -> 0.94 at 33;
+    both back to 0 the next iteration); no other unit (the largest jump elsewhere is below 0.3)."""
     fired = {}
     units = sorted(UNITS.glob("**/*.json"))
     assert len(units) >= 9
@@ -53,4 +55,8 @@ def test_replayed_on_the_measured_runs_it_fires_once_on_the_lora_collapse_only(c
             lines = warn_malformed_jump(int(now["iteration"]), before, now, flags, 0.3)
             if lines:
                 fired.setdefault(f.stem, []).append((int(now["iteration"]), lines[0].split("'")[0].split()[-1]))
-    assert fired == {"lora-lr5e-3-s1": [(18, "agent1")]}
+    assert fired == {
+        "lora-lr5e-3-s1": [(18, "agent1")],
+        "async1-s1": [(26, "agent1")],
+        "async1-s42": [(33, "agent1")],
+    }
