@@ -199,6 +199,25 @@ def _flag(unit: dict, name: str) -> str | None:
     return words[words.index(name) + 1] if name in words else None
 
 
+def same_runs(units: list[dict]) -> list[str]:
+    """A line naming the units whose every logged value (times aside) equals an earlier unit's at the same seed: in
+    the figure the later curve hides the earlier one (``colocate_all`` plays ``hf``'s very iterations)."""
+    pairs = [
+        f"{b['path']} seed {b['seed']} = {a['path']}"
+        for i, b in enumerate(units)
+        for a in units[:i]
+        if a["seed"] == b["seed"]
+        and [{k: v for k, v in m.items() if k != "seconds"} for m in a["history"]]
+        == [{k: v for k, v in m.items() if k != "seconds"} for m in b["history"]]
+    ]
+    if not pairs:
+        return []
+    return [
+        f"Identical runs (every logged value but times; in the figure the second hides the first): {'; '.join(pairs)}.",
+        "",
+    ]
+
+
 def _warm_name(unit: dict) -> str:
     """The name of the directory a unit's roles started from (``tiny-sft-vllm`` for the benchmark's own)."""
     return Path(_flag(unit, "--role1.pretrain") or "").name
@@ -253,6 +272,7 @@ def report(units: list[dict], old: list[dict] = ()) -> str:
             "",
             "![agreement per iteration, every path](learning_paths.png)",
             "",
+            *same_runs(units),
             *superseded(list(old)),
         ]
     )

@@ -72,3 +72,14 @@ def test_a_kept_unit_of_another_warm_start_is_refused_not_reused(lp, tmp_path) -
 def test_no_warm_start_is_one_line(lp, tmp_path) -> None:
     with pytest.raises(SystemExit, match="no warm start in .*nowhere"):
         lp.main(["--out", str(tmp_path / "runs"), "--pilot", str(tmp_path / "nowhere")])
+
+
+def test_identical_runs_are_named_so_a_hidden_curve_is_not_a_missing_one(bench) -> None:
+    h = [{"iteration": 1, "rollout/agreement": 0.1, "seconds": 3.0}, {"iteration": 2, "rollout/agreement": 0.2}]
+    hf, colo = {"path": "hf", "seed": 1, "history": h}, {"path": "colocate_all", "seed": 1, "history": h}
+    slower = {**colo, "history": [h[0] | {"seconds": 9.0}, h[1]]}  # times differ: still the same run
+    other = {**colo, "seed": 42}
+    assert bench.same_runs([hf, colo])[0].endswith(": colocate_all seed 1 = hf.")
+    assert bench.same_runs([hf, slower]) and bench.same_runs([hf, other]) == []
+    moved = {**colo, "history": [h[0], h[1] | {"rollout/agreement": 0.25}]}
+    assert bench.same_runs([hf, moved]) == []
