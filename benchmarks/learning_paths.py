@@ -202,13 +202,12 @@ def _flag(unit: dict, name: str) -> str | None:
 def same_runs(units: list[dict]) -> list[str]:
     """A line naming the units whose every logged value (times aside) equals an earlier unit's at the same seed: in
     the figure the later curve hides the earlier one (``colocate_all`` plays ``hf``'s very iterations)."""
+    logged = [[{k: v for k, v in m.items() if k != "seconds"} for m in u["history"]] for u in units]
     pairs = [
         f"{b['path']} seed {b['seed']} = {a['path']}"
         for i, b in enumerate(units)
-        for a in units[:i]
-        if a["seed"] == b["seed"]
-        and [{k: v for k, v in m.items() if k != "seconds"} for m in a["history"]]
-        == [{k: v for k, v in m.items() if k != "seconds"} for m in b["history"]]
+        for j, a in enumerate(units[:i])
+        if a["seed"] == b["seed"] and logged[i] == logged[j]
     ]
     if not pairs:
         return []
