@@ -80,8 +80,17 @@ def iteration_metrics(
 
 
 def mean_advantages(experiences: Sequence) -> list[float]:
-    """Each experience's mean advantage over its action tokens (experiences with none left out)."""
-    return [float(e.advantages[e.action_mask.bool()].mean()) for e in experiences if e.action_mask.any()]
+    """Each sample's mean advantage over its action tokens (samples with none left out), for every row of every
+    experience: an OpenRLHF ``Experience`` holds a batch of samples, and Eq. 4's advantages sum to zero within a
+    group, so a mean taken over a whole batch would read near 0 for a batch that holds whole groups (``ROLE/adv_abs_mean``
+    is the mean of the rows' absolute values)."""
+    out = []
+    for e in experiences:
+        adv, mask = e.advantages, e.action_mask.bool()
+        if adv.dim() == 1:  # one sample
+            adv, mask = adv[None], mask[None]
+        out += [float(row[m].mean()) for row, m in zip(adv, mask, strict=True) if m.any()]
+    return out
 
 
 def attempts_malformed(trajectories: Sequence[Trajectory], role: str) -> float:

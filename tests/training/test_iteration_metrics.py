@@ -11,7 +11,7 @@ from marti_ibrl.algorithm.advantages import GroupSpread
 from marti_ibrl.algorithm.batching import RankSplit
 from marti_ibrl.envs.base import Outcome
 from marti_ibrl.rollout.dialogue import Attempt, Trajectory, Turn
-from marti_ibrl.training.metrics import iteration_metrics
+from marti_ibrl.training.metrics import iteration_metrics, mean_advantages
 
 ROLES = ("agent1", "agent2")
 
@@ -97,3 +97,18 @@ class _Pool:
 
     def __len__(self) -> int:
         return len(self.members)
+
+
+def test_mean_advantages_are_per_sample_not_per_micro_batch() -> None:
+    """A micro-batch holding a whole group (Eq. 4: its advantages sum to 0) must not read as advantages of 0."""
+    import torch
+
+    # one experience of 4 samples, a group of one deal among four: +1.5 and three -0.5, over 3 action tokens each
+    # (the last sample's final token is padding)
+    adv = torch.tensor([[1.5, 1.5, 1.5], [-0.5, -0.5, -0.5], [-0.5, -0.5, -0.5], [-0.5, -0.5, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 0]])
+    batch = SimpleNamespace(advantages=adv, action_mask=mask)
+    empty = SimpleNamespace(advantages=torch.zeros(2, 3), action_mask=torch.zeros(2, 3))  # no action tokens
+    assert mean_advantages([batch, empty]) == [1.5, -0.5, -0.5, -0.5]
+    one = SimpleNamespace(advantages=torch.tensor([2.0, 4.0, 7.0]), action_mask=torch.tensor([1, 1, 0]))
+    assert mean_advantages([one]) == [3.0]
