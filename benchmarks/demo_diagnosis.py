@@ -1,13 +1,14 @@
-"""Why a DoND run learns or stalls, per iteration (issue 62, item 2): read from a finished run's directory.
+"""Why a DoND run learns or stalls, per window of iterations (issue 62, item 2), read from finished runs.
 
-For each iteration: agreement; per trained role its advantage groups and how many carry a signal
-(``ROLE/informative_groups``: members of unequal reward); deals per group (of the groups of the iteration's dialogues,
-by scenario and pairing: how many hold no deal, one, or more); acceptances proposed (answers to the counterpart's
-``<try>`` that select its complement, the move that closes a deal) and how many of them the proposer then
-confirmed; the role's KL to its reference, entropy and learning rate when it updated. Needs every dialogue in
-``transcripts.jsonl`` (``--logger.transcripts -1``); with a sample the per-group counts are of the sample.
+Per window: agreement; the iteration's groups by their deals (scenario x who played: none / one / more); and per
+role: how many of its advantage groups carry a signal (``ROLE/informative_groups``: members of unequal reward), how
+often it answers the counterpart's ``<try>`` with a ``<selection>`` (``sel``) and how often that selection is
+exactly the try's complement (``exact``: the units the try leaves it, which ``--env.show_complement`` prints after
+the try; anything else ends the dialogue without a deal), its KL to its reference, ``-log π`` of its sampled tokens
+(``ROLE/sampled_nll``, an estimate of its per-token entropy) and its learning rate. Needs every dialogue in
+``transcripts.jsonl`` (``--logger.transcripts -1``); with a sample the counts are of the sample.
 
-    .venv/bin/python benchmarks/demo_diagnosis.py RUN [RUN ...] [--every 5] [--json OUT.json]
+    .venv/bin/python benchmarks/demo_diagnosis.py RUN [RUN ...] [--window 5] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -17,51 +18,47 @@ import json
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
+from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from marti_ibrl.config import load_config  # noqa: E402
+from marti_ibrl.envs import make_env  # noqa: E402
 from marti_ibrl.envs.dond.protocol import parse_utterance  # noqa: E402
 from marti_ibrl.eval.figures import load_history, roles_in_history  # noqa: E402
 from marti_ibrl.rollout.transcripts import TRANSCRIPTS_FILE  # noqa: E402
 
-ACTOR = ("kl", "entropy", "actor_lr", "policy_loss", "grad_norm")
-"""The actor's numbers read from the history when present (``ROLE/<name>``)."""
+ACTOR = ("informative_groups", "kl", "sampled_nll", "actor_lr")
+"""Per-role numbers read from the history (``ROLE/<name>``), averaged over the iterations the role updated."""
 
 
-def moves(record: dict) -> dict[str, int]:
-    """A dialogue's valid moves per role: ``ROLE/offers`` (``<try>``), ``ROLE/selections_after_try`` (a
-    ``<selection>`` answering the counterpart's ``<try>``: an acceptance when it selects the try's complement, which
-    the dialogue's ending tells, ``deal`` against ``selections_not_complementary``) and ``ROLE/confirmed`` (a
-    ``<selection>`` answering the counterpart's selection)."""
+def answers(record: dict, counts: tuple[int, ...]) -> Counter:
+    """Per answering role: ``ROLE/answers`` (valid turns right after the counterpart's ``<try>``), ``ROLE/sel``
+    (those that are a ``<selection>``) and ``ROLE/exact`` (a selection of exactly the try's complement)."""
     out: Counter = Counter()
-    previous = None  # the last valid turn's (role, kind)
-    for turn in record["turns"]:
-        if not turn["valid"]:
+    turns = [(t["role"], parse_utterance(t["text"])) for t in record["turns"] if t["valid"]]
+    for (before, offer), (role, act) in zip(turns, turns[1:]):
+        if offer.kind != "try" or before == role:
             continue
-        role, kind = turn["role"], parse_utterance(turn["text"]).kind
-        if kind == "try":
-            out[f"{role}/offers"] += 1
-        elif kind == "selection" and previous is not None and previous[0] != role:
-            out[f"{role}/{'confirmed' if previous[1] == 'selection' else 'selections_after_try'}"] += 1
-        previous = (role, kind)
-    return dict(out)
+        out[f"{role}/answers"] += 1
+        if act.kind == "selection":
+            out[f"{role}/sel"] += 1
+            out[f"{role}/exact"] += act.alloc == tuple(c - a for c, a in zip(counts, offer.alloc, strict=True))
+    return out
 
 
-def group_deals(records: list[dict]) -> Counter:
-    """Of an iteration's groups (scenario, who played each seat), how many hold 0, 1, 2-3, 4+ deals."""
-    groups: dict[tuple, int] = defaultdict(int)
-    for r in records:
-        groups[(r["scenario_uid"], json.dumps(r["policies"], sort_keys=True))] += int(r["agreed"])
-    bins: Counter = Counter()
-    for n in groups.values():
-        bins["0" if n == 0 else "1" if n == 1 else "2-3" if n <= 3 else "4+"] += 1
-    return bins
+def scenario_counts(run: Path) -> dict[str, tuple[int, ...]]:
+    """Each training scenario's item counts, made again from the run's own config (the env and its seed)."""
+    cfg = load_config(["--config", str(run / "config.yaml")], assumed=[])
+    _, scenarios = make_env(cfg.env, cfg.train.seed)
+    return {s.uid: tuple(s.counts) for _, s in scenarios}
 
 
-def diagnose(run: Path) -> list[dict]:
-    """One row per iteration of ``run``: the history's numbers and the transcripts' counts."""
+def diagnose(run: Path, window: int) -> list[dict]:
+    """One row per window of ``window`` iterations of ``run``."""
     history = load_history(run)
     roles = roles_in_history(history)
+    counts = scenario_counts(run)
     by_k: dict[int, list[dict]] = defaultdict(list)
     path = run / TRANSCRIPTS_FILE
     if path.is_file():
@@ -70,66 +67,68 @@ def diagnose(run: Path) -> list[dict]:
                 r = json.loads(line)
                 by_k[int(r["iteration"])].append(r)
     rows = []
-    for m in history:
-        k = int(m["iteration"])
-        recs = by_k.get(k, [])
-        row = {"iteration": k, "agreement": m["rollout/agreement"], "malformed": m["rollout/malformed"]}
-        row["kept"] = len(recs)
-        row["groups_by_deals"] = dict(group_deals(recs))
-        counts: Counter = Counter()
+    for start in range(0, len(history), window):
+        ms = history[start : start + window]
+        ks = [int(m["iteration"]) for m in ms]
+        recs = [r for k in ks for r in by_k.get(k, [])]
+        groups: dict[tuple, int] = defaultdict(int)
+        moves: Counter = Counter()
         for r in recs:
-            counts.update(moves(r))
-        reasons = Counter(r["reason"] for r in recs)
-        row["endings"] = dict(reasons)
+            groups[(r["iteration"], r["scenario_uid"], json.dumps(r["policies"], sort_keys=True))] += int(r["agreed"])
+            moves.update(answers(r, counts[r["scenario_uid"]]))
+        row = {
+            "iterations": [ks[0], ks[-1]],
+            "agreement": mean(m["rollout/agreement"] for m in ms),
+            "malformed": mean(m["rollout/malformed"] for m in ms),
+            "dialogues_kept": len(recs),
+            "groups_by_deals": {
+                b: sum(1 for n in groups.values() if (n == 0, n == 1, n > 1)[i])
+                for i, b in enumerate(("none", "one", "more"))
+            },
+        }
         for role in roles:
+            updated = [m for m in ms if m.get(f"{role}/updated")]
             row[role] = {
-                "updated": bool(m.get(f"{role}/updated")),
-                "groups": m.get(f"{role}/groups"),
-                "informative": m.get(f"{role}/informative_groups"),
-                "reward": m.get(f"{role}/reward"),
-                "offers": counts.get(f"{role}/offers", 0),
-                "selections_after_try": counts.get(f"{role}/selections_after_try", 0),
-                "confirmed": counts.get(f"{role}/confirmed", 0),
-                **{a: m.get(f"{role}/{a}") for a in ACTOR},
+                "updates": len(updated),
+                "answers": moves[f"{role}/answers"],
+                "sel": moves[f"{role}/sel"] / max(moves[f"{role}/answers"], 1),
+                "exact": moves[f"{role}/exact"] / max(moves[f"{role}/sel"], 1),
+                **{
+                    a: mean(m[f"{role}/{a}"] for m in updated) if updated and f"{role}/{a}" in updated[0] else None
+                    for a in ACTOR
+                },  # fmt: skip
             }
         rows.append(row)
     return rows
 
 
-def _f(x, fmt: str = ".3f") -> str:
+def _f(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def table(run: Path, rows: list[dict], every: int) -> str:
-    roles = [k for k in rows[0] if isinstance(rows[0][k], dict) and "updated" in rows[0][k]]
-    head = ["it", "agree", "malf", "groups 0/1/2-3/4+ deals", "endings (deal/mismatch/limit/other)"]
+def table(run: Path, rows: list[dict]) -> str:
+    roles = [k for k, v in rows[0].items() if isinstance(v, dict) and "updates" in v]
+    head = ["iterations", "agree", "malf", "groups: no deal / one / more"]
     for r in roles:
-        head += [f"{r}: inf/grp", "offers", "sel-after-try", "confirmed", "kl", "entropy", "lr"]
+        head += [f"{r}: informative groups", "sel", "exact", "kl", "-log π", "lr"]
     lines = [f"## {run}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in rows:
-        if row["iteration"] % every and row["iteration"] != 1 and row is not rows[-1]:
-            continue
         g = row["groups_by_deals"]
-        e = row["endings"]
-        other = sum(v for k, v in e.items() if k not in ("deal", "selections_not_complementary", "turn_limit"))
         cells = [
-            str(row["iteration"]),
+            "{}-{}".format(*row["iterations"]),
             f"{row['agreement']:.2f}",
             f"{row['malformed']:.2f}",
-            "/".join(str(g.get(b, 0)) for b in ("0", "1", "2-3", "4+")),
-            f"{e.get('deal', 0)}/{e.get('selections_not_complementary', 0)}/{e.get('turn_limit', 0)}/{other}",
+            f"{g['none']} / {g['one']} / {g['more']}",
         ]
         for r in roles:
             x = row[r]
-            inf = f"{_f(x['informative'], '.0f')}/{_f(x['groups'], '.0f')}" if x["updated"] else "-"
             cells += [
-                inf,
-                str(x["offers"]),
-                str(x["selections_after_try"]),
-                str(x["confirmed"]),
-                _f(x["kl"], ".4f") if x["updated"] else "-",
-                _f(x["entropy"], ".3f") if x["updated"] else "-",
-                _f(x["actor_lr"], ".1e") if x["updated"] else "-",
+                _f(x["informative_groups"], ".1f"),
+                f"{x['sel']:.2f}",
+                f"{x['exact']:.2f}",
+                _f(x["kl"], ".3f"),
+                _f(x["sampled_nll"], ".3f"),
+                _f(x["actor_lr"], ".1e"),
             ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -138,14 +137,14 @@ def table(run: Path, rows: list[dict], every: int) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="run directories (RUN/trainer_state.json, transcripts.jsonl)")
-    p.add_argument("--every", type=int, default=1, help="print every N-th iteration (the first and last always)")
+    p.add_argument("--window", type=int, default=5, help="iterations per row (default 5)")
     p.add_argument("--json", type=Path, help="also write every row of every run here")
     args = p.parse_args()
     out = {}
     for run in args.runs:
-        rows = diagnose(run)
+        rows = diagnose(run, args.window)
         out[str(run)] = rows
-        print(table(run, rows, args.every), end="\n\n")
+        print(table(run, rows), end="\n\n")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

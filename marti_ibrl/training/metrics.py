@@ -58,6 +58,8 @@ def iteration_metrics(
         m[f"{r}/utility"] = mean(t.outcome.utilities.get(r, 0.0) for t in trajectories)
         m[f"{r}/malformed"] = sum(t.outcome.info.get("fault_role") == r for t in trajectories) / n
         m[f"{r}/attempts_malformed"] = attempts_malformed(trajectories, r)
+        if (nll := sampled_nll(trajectories, r)) is not None:
+            m[f"{r}/sampled_nll"] = nll
         m[f"{r}/updated"] = float(r in status and weights_moved(status[r]))
         m[f"{r}/scheduled"] = float(r in schedule)
         m[f"{r}/current_share"] = sum(t.policies[r] == "current" for t in trajectories) / n
@@ -91,6 +93,21 @@ def mean_advantages(experiences: Sequence) -> list[float]:
             adv, mask = adv[None], mask[None]
         out += [float(row[m].mean()) for row, m in zip(adv, mask, strict=True) if m.any()]
     return out
+
+
+def sampled_nll(trajectories: Sequence[Trajectory], role: str) -> float | None:
+    """The mean of -log π(w) over the tokens ``role``'s current policy sampled this iteration (the engines' rollout
+    log-probs at the sampling temperature): a Monte-Carlo estimate of the policy's per-token entropy on its own
+    turns. None where the role's engines returned no log-probs (a frozen or remote counterpart)."""
+    total, n = 0.0, 0
+    for t in trajectories:
+        view = t.views.get(role) if t.policies.get(role) == "current" else None
+        if view is None or not view.has_logprobs:
+            continue
+        for start, end in view.action_ranges:
+            total -= sum(view.logprobs[start:end])
+            n += end - start
+    return total / n if n else None
 
 
 def attempts_malformed(trajectories: Sequence[Trajectory], role: str) -> float:

@@ -11,7 +11,7 @@ from marti_ibrl.algorithm.advantages import GroupSpread
 from marti_ibrl.algorithm.batching import RankSplit
 from marti_ibrl.envs.base import Outcome
 from marti_ibrl.rollout.dialogue import Attempt, Trajectory, Turn
-from marti_ibrl.training.metrics import iteration_metrics, mean_advantages
+from marti_ibrl.training.metrics import iteration_metrics, mean_advantages, sampled_nll
 
 ROLES = ("agent1", "agent2")
 
@@ -112,3 +112,19 @@ def test_mean_advantages_are_per_sample_not_per_micro_batch() -> None:
     assert mean_advantages([batch, empty]) == [1.5, -0.5, -0.5, -0.5]
     one = SimpleNamespace(advantages=torch.tensor([2.0, 4.0, 7.0]), action_mask=torch.tensor([1, 1, 0]))
     assert mean_advantages([one]) == [3.0]
+
+
+def test_sampled_nll_is_the_mean_negative_log_prob_of_the_current_policys_own_tokens() -> None:
+    """The entropy estimate counts the role's action tokens only, and only where its current policy played."""
+
+    def view(logprobs, ranges, has=True):
+        return SimpleNamespace(logprobs=logprobs, action_ranges=ranges, has_logprobs=has)
+
+    mine = _dialogue(False, False, {}, [("agent1", True)])
+    mine.views = {"agent1": view([0.0, -1.0, -2.0, 0.0, -3.0], [(1, 3), (4, 5)])}  # tokens 1-2 and 4: 1 + 2 + 3
+    pool = _dialogue(False, False, {}, [("agent1", True)], policies={"agent1": "pool:2", "agent2": "current"})
+    pool.views = {"agent1": view([-9.0, -9.0], [(0, 2)])}  # a snapshot's tokens: not the current policy's
+    remote = _dialogue(False, False, {}, [("agent2", True)])
+    remote.views = {"agent2": view([0.0, 0.0], [(0, 2)], has=False)}
+    assert sampled_nll([mine, pool], "agent1") == 2.0
+    assert sampled_nll([remote], "agent2") is None and sampled_nll([mine], "agent2") is None
