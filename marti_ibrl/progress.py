@@ -50,3 +50,10 @@ def log_style(stream: Any = None) -> dict[str, Any]:
 def bar(*args: Any, **kwargs: Any) -> tqdm:
     """``tqdm(*args, **kwargs)``, in plain lines when stderr is not a terminal (:func:`log_style`)."""
     return tqdm(*args, **{**log_style(kwargs.get("file")), **kwargs})
+
+
+def line(text: str) -> None:
+    """``text`` as one line on stdout, flushed now and written above any live bar (``tqdm.write``): a run's table
+    rows read as they happen, in a terminal as in a Slurm ``.out``."""
+    tqdm.write(text, file=sys.stdout)
+    sys.stdout.flush()

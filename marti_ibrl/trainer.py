@@ -33,6 +33,7 @@ from marti_ibrl.commit import Commit, drop_rollouts, read_rollout, write_rollout
 from marti_ibrl.config import Config
 from marti_ibrl.outputs import OutputLock
 from marti_ibrl.progress import bar as progress_bar
+from marti_ibrl.progress import line as print_line
 from marti_ibrl.rollout import transcripts
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.render import role_experience
@@ -49,7 +50,7 @@ from marti_ibrl.training.checks import (
     warn_uninformative,
     weights_moved,
 )
-from marti_ibrl.training.metrics import iteration_metrics, mean_advantages, summary_table
+from marti_ibrl.training.metrics import iteration_metrics, mean_advantages, table_head, table_row
 from marti_ibrl.training.records import ScenarioSampler, Timer, stream
 from marti_ibrl.training.seating import Play, seat_run, snapshot_loads
 from marti_ibrl.training.snapshots import SnapshotBook
@@ -288,6 +289,7 @@ class IBRLTrainer:
             try:
                 self.check_sync(k - 1)  # (--train.check_sync) the start-up broadcast
                 bar = progress_bar(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
+                print_line(table_head(self.roles, cfg.train.iterations))  # a row as each iteration ends
                 for k in bar:
                     start = time.perf_counter()
                     metrics = self.async_iteration(k) if cfg.train.async_rollout else self.iteration(k)
@@ -298,6 +300,7 @@ class IBRLTrainer:
                     warn_malformed_jump(k, before, metrics, lr_flags, cfg.train.warn_malformed_jump)
                     self.history.append(metrics)
                     self.logger.log_train(k, metrics)
+                    print_line(table_row(metrics, self.roles, cfg.train.iterations))
                     bar.set_postfix({f"{r}/reward": f"{metrics[f'{r}/reward']:.2f}" for r in self.roles})
                     if cfg.ckpt.save_steps > 0 and k % cfg.ckpt.save_steps == 0 and k < cfg.train.iterations:
                         self.save(k)
@@ -385,5 +388,4 @@ def train(cfg: Config) -> list[dict]:
         history = trainer.fit()
     finally:
         trainer.close()
-    print(summary_table(history, trainer.roles))
     return history

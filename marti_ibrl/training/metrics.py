@@ -145,17 +145,38 @@ def update_mark(m: dict, role: str) -> str:
     return "0" if m.get(f"{role}/informative_groups", 1.0) == 0 else "y"
 
 
-def summary_table(history: list[dict], roles: Sequence[str]) -> str:
-    """Per-iteration, per-role table: Eq. 6 configuration ("vs pool": whose current policy faced the other
-    roles' snapshots), agreement and malformed rates, reward, whether the role updated (:func:`update_mark`)."""
-    head = ["iter", "vs pool", "agree", "malf"] + [f"{r}:{c}" for r in roles for c in ("reward", "malf", "upd")]
+def _table_head(roles: Sequence[str]) -> list[str]:
+    return ["iter", "vs pool", "agree", "malf"] + [f"{r}:{c}" for r in roles for c in ("reward", "malf", "upd")]
+
+
+def _table_cells(m: dict, roles: Sequence[str]) -> list[str]:
     names = ["-", *roles]  # configurations(): "both" shown as "-"
-    rows = [head]
-    for m in history:
-        config = names[int(m.get("pool/configuration", 0))]
-        row = [f"{int(m['iteration'])}", config, f"{m['rollout/agreement']:.2f}", f"{m['rollout/malformed']:.2f}"]
-        for r in roles:
-            row += [f"{m[f'{r}/reward']:.2f}", f"{m[f'{r}/malformed']:.2f}", update_mark(m, r)]
-        rows.append(row)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
+    config = names[int(m.get("pool/configuration", 0))]
+    row = [f"{int(m['iteration'])}", config, f"{m['rollout/agreement']:.2f}", f"{m['rollout/malformed']:.2f}"]
+    for r in roles:
+        row += [f"{m[f'{r}/reward']:.2f}", f"{m[f'{r}/malformed']:.2f}", update_mark(m, r)]
+    return row
+
+
+def _widths(roles: Sequence[str], iterations: int) -> list[int]:
+    """Column widths known before the first iteration: a live table's rows line up with its head."""
+    cells = ["9" * len(str(iterations)), max(["-", *roles], key=len), "0.00", "0.00"] + ["-00.00", "0.00", "y"] * len(
+        roles
+    )
+    return [max(len(h), len(c)) for h, c in zip(_table_head(roles), cells, strict=True)]
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+
+
+def table_head(roles: Sequence[str], iterations: int) -> str:
+    """The head of the live iteration table (:func:`table_row` under it, one row as each iteration ends)."""
+    return _line(_table_head(roles), _widths(roles, iterations))
+
+
+def table_row(m: dict, roles: Sequence[str], iterations: int) -> str:
+    """Iteration ``m``'s row of the per-iteration table, in :func:`table_head`'s columns: Eq. 6 configuration ("vs
+    pool": whose current policy faced the other roles' snapshots), agreement and malformed rates, and per role its
+    reward, malformed rate and whether it updated (:func:`update_mark`)."""
+    return _line(_table_cells(m, roles), _widths(roles, iterations))

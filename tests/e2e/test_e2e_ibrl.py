@@ -7,7 +7,10 @@ advantages from an untrained tiny model; it also exercises ``--roleN.reward_fn m
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 
 import golden
 import pytest
@@ -61,10 +64,32 @@ def run(tmp_path_factory):
     cfg = load_config([*tiny_flags(model, tmp / "run", 3), "--role2.update_every", "2", "--role1.colocate_ref", "true"])
     trainer = IBRLTrainer(cfg)
     slots = ray.cluster_resources()["GPU"]
-    history = trainer.fit()
+    table = _TableLines(trainer)
+    with contextlib.redirect_stdout(table):
+        history = trainer.fit()
     digests = {r: (s.weights_digest(), s.engine_digests()) for r, s in trainer.stacks.items()}
     ray.shutdown()
-    return tmp, history, digests, (cfg, slots)
+    return tmp, history, digests, (cfg, slots, table.lines)
+
+
+class _TableLines(io.TextIOBase):
+    """stdout during ``fit``: each line of the iteration table, with how many iterations had ended when it came."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer, self.lines = trainer, []
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            if re.match(r"\s*(iter\s|\d+\s)", line):
+                self.lines.append((line, len(self.trainer.history)))
+        return len(text)
+
+
+def test_each_row_is_printed_when_its_iteration_ends(run):
+    """Issue 65: a run's log shows iteration k's row before iteration k+1 starts (a Slurm .out reads live)."""
+    lines = run[3][2]
+    assert re.match(r"\s*iter\s+vs pool\s+agree", lines[0][0]) and lines[0][1] == 0, lines
+    assert [(int(text.split()[0]), ended) for text, ended in lines[1:]] == [(1, 1), (2, 2), (3, 3)], lines
 
 
 def test_schedule_gates_updates(run):
@@ -146,7 +171,7 @@ def test_colocated_reference_takes_no_device_of_its_own(run):
 
     from marti_ibrl.cluster.placement import device_slots
 
-    _, history, _, (cfg, slots) = run
+    _, history, _, (cfg, slots, _) = run
     apart = copy.deepcopy(cfg)
     apart.roles[0].colocate_ref = False
     # per role: actor 1 + reference 1 + engine 1 + pool engine 1; role1's reference on its actor's slot
@@ -156,7 +181,7 @@ def test_colocated_reference_takes_no_device_of_its_own(run):
 
 def test_topology_records_what_ran(run):
     """RUN/topology.json: per role what its stack started (this run's config), the device and the Ray node."""
-    tmp, _, _, (cfg, slots) = run
+    tmp, _, _, (cfg, slots, _) = run
     topo = json.loads((tmp / "run" / "topology.json").read_text())
     assert topo["device"] == "cpu" and topo["frozen"] == {}
     from marti_ibrl.cluster.placement import pool_engine_count
