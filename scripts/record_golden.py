@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from golden import PATHS, RECORD_ENV, REFERENCES  # noqa: E402
+from golden import PATHS, RECORD_ENV, REFERENCES, machine  # noqa: E402
 
 TESTS = {  # the test that checks each path; pytest runs the module fixture (or session fixture) that makes its run
     "hf": "tests/e2e/test_e2e_ibrl.py::test_golden_trajectory",
@@ -42,7 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"no golden path {', '.join(unknown)} (paths: {', '.join(PATHS)})")
     paths = args.paths or list(PATHS)
-    before = {p: (REFERENCES / f"{p}.json").read_bytes() if (REFERENCES / f"{p}.json").exists() else b"" for p in paths}
+    here = machine()  # a reference is for one machine (tests/golden.py "Machines"): PATH.json or PATH@<machine>.json
+
+    def files() -> dict[str, bytes]:
+        return {
+            f.name: f.read_bytes()
+            for p in paths
+            for f in (REFERENCES / f"{p}.json", REFERENCES / f"{p}@{here}.json")
+            if f.exists()
+        }
+
+    before = files()
     tests = sorted({TESTS[p] for p in paths})
     env = {**os.environ, RECORD_ENV: ",".join(paths)}
     print(f"record_golden: running {len(tests)} test(s) for {', '.join(paths)} (minutes: each makes its training run)")
@@ -52,14 +62,17 @@ def main(argv: list[str] | None = None) -> int:
             "record_golden: the runs failed; CHANGES.md not written (references may be partly written)", file=sys.stderr
         )
         return done.returncode
-    changed = [p for p in paths if (REFERENCES / f"{p}.json").read_bytes() != before[p]]
+    after = files()
+    changed = [p for p in paths if any(after.get(n) != before.get(n) for n in (f"{p}.json", f"{p}@{here}.json"))]
     if not changed:
         print("record_golden: every reference is as recorded; nothing to write")
         return 0
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
     at = commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    line = f"- {datetime.date.today().isoformat()} at {at}: {', '.join(changed)}: {args.why.strip()}\n"
+    line = (
+        f"- {datetime.date.today().isoformat()} at {at} on machine {here}: {', '.join(changed)}: {args.why.strip()}\n"
+    )
     with open(REFERENCES / "CHANGES.md", "a") as f:
         f.write(line)
     print(f"record_golden: re-recorded {', '.join(changed)}; tests/references/CHANGES.md: {line.strip()}")

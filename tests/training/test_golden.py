@@ -52,3 +52,56 @@ def test_every_path_has_a_reference(path) -> None:
     ref = json.loads((golden.REFERENCES / f"{path}.json").read_text())
     assert len(ref["iterations"]) >= 3 and set(ref["digests"]) == {"agent1", "agent2"}
     assert all(len(d) == 64 for d in ref["digests"].values())  # sha256 hex
+
+
+def test_the_machine_fingerprint_is_stable_and_short() -> None:
+    golden.machine.cache_clear()
+    first = golden.machine()
+    golden.machine.cache_clear()
+    assert golden.machine() == first and len(first) == 12 and int(first, 16) >= 0
+
+
+@pytest.fixture()
+def refs(tmp_path, monkeypatch):
+    """tests/references in ``tmp_path``, on a machine whose fingerprint is ``here``."""
+    monkeypatch.setattr(golden, "REFERENCES", tmp_path)
+    monkeypatch.setattr(golden, "machine", lambda: "here")
+    monkeypatch.delenv(golden.RECORD_ENV, raising=False)
+    return tmp_path
+
+
+def _run(k: float = 0.0) -> tuple[list[dict], list[str], dict]:
+    h = _history()
+    h[1]["agent2/reward"] += k
+    return h, ["agent1", "agent2"], {"agent1": "aa", "agent2": "bb"}
+
+
+def test_a_run_is_compared_with_its_own_machines_reference_first(refs, monkeypatch) -> None:
+    monkeypatch.setenv(golden.RECORD_ENV, "hf")
+    golden.check("hf", *_run())  # no reference yet: the first recording is PATH.json, with this machine's fingerprint
+    assert json.loads((refs / "hf.json").read_text())["machine"] == "here"
+    monkeypatch.delenv(golden.RECORD_ENV)
+    golden.check("hf", *_run())  # the same run passes
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)tests/references/hf\.json.*iteration 2: agent2 reward"):
+        golden.check("hf", *_run(0.5))
+
+
+def test_another_machines_reference_is_kept_and_this_machine_records_its_own_beside_it(refs, monkeypatch) -> None:
+    legacy = golden.trajectory(*_run(0.5))  # the first recording, made before fingerprints: no "machine"
+    (refs / "hf.json").write_text(json.dumps(legacy))
+    with pytest.raises(pytest.fail.Exception, match="this machine \\(here\\) may round fp32 differently"):
+        golden.check("hf", *_run())  # no reference of its own: compared with the original machine's, and fails
+    monkeypatch.setenv(golden.RECORD_ENV, "hf")
+    golden.check("hf", *_run())
+    assert json.loads((refs / "hf.json").read_text()) == legacy  # untouched
+    assert json.loads((refs / "hf@here.json").read_text())["machine"] == "here"
+    monkeypatch.delenv(golden.RECORD_ENV)
+    golden.check("hf", *_run())  # now compared with its own
+    with pytest.raises(pytest.fail.Exception, match="hf@here.json"):
+        golden.check("hf", *_run(0.25))
+
+
+def test_a_reference_of_another_machine_only_is_a_skip_that_says_so(refs) -> None:
+    (refs / "lora.json").write_text(json.dumps({"machine": "there", **golden.trajectory(*_run())}))
+    with pytest.raises(pytest.skip.Exception, match="machine there's and this is here"):
+        golden.check("lora", *_run())
