@@ -50,6 +50,8 @@ from marti_ibrl.cluster.sizing import ModelSpec, lora_params
 from marti_ibrl.config import Config
 
 GiB = 1024**3
+MAX_GPU_MEMORY_GIB = 16384.0
+"""The largest GPU memory a plan takes, in GiB (16 TiB: far above any device; a larger number is a typo)."""
 PROCESS_OVERHEAD = 1 * GiB
 """Per DeepSpeed process: CUDA context, NCCL buffers, allocator fragmentation (assumption)."""
 VLLM_RUNTIME = 2 * GiB

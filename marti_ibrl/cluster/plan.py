@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from marti_ibrl.cluster.memory import (
+    MAX_GPU_MEMORY_GIB,
     VLLM_RUNTIME,
     GiB,
     PhaseUsage,
@@ -85,6 +86,10 @@ def make_plan(
     """Placement, memory per GPU and the reasons the job does not fit (``problems``, empty when it fits)."""
     components = placement(cfg)
     total = sum(c.gpus for c in components)
+    if not 0 < gpu_memory_gib <= MAX_GPU_MEMORY_GIB:  # NaN fails too
+        raise ValueError(
+            f"gpu_memory_gib: expected a number > 0 and <= {MAX_GPU_MEMORY_GIB:g} GiB, got {gpu_memory_gib}"
+        )
     gpu_memory = int(gpu_memory_gib * GiB)
     problems = []
     if nodes is None:

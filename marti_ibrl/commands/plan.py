@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from marti_ibrl.cluster.memory import MAX_GPU_MEMORY_GIB
 from marti_ibrl.cluster.plan import make_plan
 from marti_ibrl.cluster.plan_format import format_plan
 from marti_ibrl.cluster.sizing import MODEL_TABLE, PlanError
@@ -27,7 +28,12 @@ def add_plan_parser(sub) -> None:
         "--nodes", type=int_range(1), default=None, help="nodes of the allocation (default: as many as needed)"
     )
     plan.add_argument("--gpus-per-node", type=int_range(1), default=8, help="default: 8")
-    plan.add_argument("--gpu-memory", type=float_range(0, lo_open=True), default=80.0, help="GiB per GPU (default: 80)")
+    plan.add_argument(
+        "--gpu-memory",
+        type=float_range(0, MAX_GPU_MEMORY_GIB, lo_open=True),
+        default=80.0,
+        help=f"GiB per GPU (default: 80; at most {MAX_GPU_MEMORY_GIB:g})",
+    )
     plan.add_argument(
         "--model-config",
         default=None,

@@ -26,8 +26,9 @@ def _one_line(capsys, code: int, *needles: str) -> str:
     [
         (["--gpus-per-node", "0"], "argument --gpus-per-node: expected a number >= 1, got 0"),
         (["--nodes", "0"], "argument --nodes: expected a number >= 1, got 0"),
-        (["--gpu-memory", "nan"], "argument --gpu-memory: expected a finite number > 0, got nan"),
-        (["--gpu-memory", "inf"], "argument --gpu-memory: expected a finite number > 0, got inf"),
+        (["--gpu-memory", "nan"], "argument --gpu-memory: expected a finite number > 0 and <= 16384, got nan"),
+        (["--gpu-memory", "inf"], "argument --gpu-memory: expected a finite number > 0 and <= 16384, got inf"),
+        (["--gpu-memory", "1e300"], "argument --gpu-memory: expected a finite number > 0 and <= 16384, got 1e300"),
         (["--model-config", "{notjson}"], "--model-config {notjson}: not a JSON config (JSONDecodeError"),
         (["--model-config", "{alist}"], "--model-config {alist}: not a config.json (a JSON list, not an object)"),
     ],
