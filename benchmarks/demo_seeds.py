@@ -146,14 +146,14 @@ def _count(rows: list[dict], criterion: str) -> int:
 
 
 def figure(units: list[dict], tuning: list[dict], path: Path) -> None:
-    """Agreement and malformed per iteration: the acceptance seeds in colour, the tuning seeds in grey."""
+    """Agreement and malformed per iteration: the acceptance seeds solid, the tuning seeds dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
-    for u, style in [(u, {"lw": 1.2}) for u in units] + [(u, {"color": "grey", "lw": 0.8, "ls": ":"}) for u in tuning]:
+    for u, style in [(u, {"lw": 1.2}) for u in units] + [(u, {"lw": 0.9, "ls": "--", "alpha": 0.7}) for u in tuning]:
         it = [m["iteration"] for m in u["history"]]
         label = f"seed {u['seed']}" + (" (tuning)" if u in tuning else "")
         a.plot(it, [m["rollout/agreement"] for m in u["history"]], label=label, **style)
@@ -206,7 +206,7 @@ def _superseded(old: list[dict]) -> list[str]:
 
 def report(units: list[dict], tuning: list[dict] = (), old: list[dict] = ()) -> str:
     rows = [summary(u) for u in units]
-    roles = units[0]["roles"] if units else []
+    roles = next((u["roles"] for u in [*units, *tuning]), [])
     met = sum(s["meets_floor"] for s in rows)
     commits = sorted({u["commit"] for u in units})
     tuned = ", ".join(str(x) for x in TUNED_ON["demo"])
