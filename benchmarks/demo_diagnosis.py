@@ -9,6 +9,9 @@ the try; anything else ends the dialogue without a deal), its KL to its referenc
 ``transcripts.jsonl`` (``--logger.transcripts -1``); with a sample the counts are of the sample.
 
     .venv/bin/python benchmarks/demo_diagnosis.py RUN [RUN ...] [--window 5] [--json OUT.json]
+
+``--json`` keeps, per run, its training settings, the windows and its per-iteration agreement and malformed rates
+(``benchmarks/results/demo_tuning/``: the tuning runs behind the demo's recipe).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
+
+from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -143,7 +148,13 @@ def main() -> int:
     out = {}
     for run in args.runs:
         rows = diagnose(run, args.window)
-        out[str(run)] = rows
+        cfg = json.loads(json.dumps(OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))))
+        keep = ("iteration", "rollout/agreement", "rollout/malformed")
+        out[run.name if run.name != "ibrl" else run.parent.name] = {
+            "config": {k: cfg.get(k) for k in ("train", "roles", "rollout")},
+            "windows": rows,
+            "history": [{k: m[k] for k in keep} for m in load_history(run)],
+        }
         print(table(run, rows), end="\n\n")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
