@@ -8,9 +8,14 @@ checkpoint written half-way after it (a run killed while saving) is never loaded
 is keyed by (seed, stream, iteration) (:func:`marti_ibrl.training.records.stream`), so with this record iteration k+1 is drawn exactly
 as it would have been without the interruption. No torch, no Ray: diagnostics and reports read it too.
 
-The run directory is protected here too (:func:`open_run_dir`, before Ray starts): a directory that holds a run
-(:func:`run_contents`) is resumed (``--ckpt.load_enable``, after every file of the committed DeepSpeed steps and every
-committed pool snapshot is checked against the record: :func:`verify_files`, :func:`verify_pools`) or started over only when asked (``--ckpt.overwrite``, :func:`clear_run`); never silently overwritten.
+The run directory is protected here too (:func:`open_run_dir`, before Ray starts, judged while the caller holds the
+directory's lock, so what it judges is what it starts in): a directory that holds a run (:func:`run_contents`) is
+resumed (``--ckpt.load_enable``, after every file of the committed DeepSpeed steps and every committed pool snapshot is
+checked against the record: :func:`verify_files`, :func:`verify_pools`) or started over only when asked
+(``--ckpt.overwrite``, :func:`clear_run`); never silently overwritten. A resume with no commit record in a directory
+that holds a run is refused (the record is gone, or the run never committed: either way not a start from iteration 1
+over its files), and so is any start into a run another process wrote while this one waited for the lock
+(``waited_for``): a run that finished meanwhile, or one this process was not asked to resume.
 
 Under ``--train.async_rollout`` the rollout of iteration k+1 is made while k learns, by policies that will not exist
 again (the engines' weights before k's syncs): the commit of k therefore holds it (:func:`write_rollout`, a pickle in
@@ -119,9 +124,9 @@ def pin_deepspeed_latest(run_dir: Path, actor_checkpoints: list[Path], k: int) -
 
 def run_contents(run_dir: Path) -> list[str]:
     """What makes ``run_dir`` hold a run, relative to it: its commit record (``trainer_state.json``), opponent-pool
-    snapshots (``pool/ROLE/v*``), role checkpoints (``ROLE/ckpt``, ``ROLE/hf``, non-empty). Empty: nothing of value
-    to lose (a directory made empty, or a run that stopped before it wrote any of these: its ``config.yaml``,
-    ``topology.json`` and logs are replaced)."""
+    snapshots (``pool/ROLE/v*``), role checkpoints (``ROLE/ckpt``, ``ROLE/hf``, non-empty), its transcripts
+    (``transcripts.jsonl``, non-empty). Empty: nothing of value to lose (a directory made empty, or a run that stopped
+    before it wrote any of these: its ``config.yaml``, ``topology.json`` and logs are replaced)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
@@ -130,14 +135,21 @@ def run_contents(run_dir: Path) -> list[str]:
     found += sorted(
         str(p.relative_to(run_dir)) for name in ("ckpt", "hf") for p in run_dir.glob(f"*/{name}") if _non_empty(p)
     )
+    transcripts = run_dir / TRANSCRIPTS_FILE
+    if transcripts.is_file() and transcripts.stat().st_size > 0:
+        found.append(TRANSCRIPTS_FILE)
     return found
+
+
+def _shown(found: list[str]) -> str:
+    return ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
 
 
 def _non_empty(path: Path) -> bool:
     return path.is_dir() and any(path.iterdir())
 
 
-def _check_writable(run_dir: Path) -> None:
+def check_writable(run_dir: Path) -> None:
     """``--ckpt.path`` is a directory this process can write, or can be made one; nothing is created here."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--ckpt.path: {run_dir} is a file, not a directory")
@@ -151,38 +163,82 @@ def _check_writable(run_dir: Path) -> None:
         raise RunDirError(f"--ckpt.path: {run_dir} is not writable{made}")
 
 
-def open_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, seed: int) -> Commit | None:
-    """The checks before a run starts in ``run_dir`` (nothing is written): a writable directory; when resuming, its
-    commit record (None when there is none: the run starts at iteration 1), its seed, every role's DeepSpeed
-    checkpoint at the committed tag (``ROLE/ckpt/_actor/global_stepK``, what :func:`pin_deepspeed_latest` pins) and
-    every committed pool snapshot (:func:`verify_pools`); otherwise no run in it (:func:`run_contents`) unless ``overwrite``.
-    A :class:`RunDirError` names what is wrong and the ways on."""
+def open_run_dir(
+    run_dir: Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    seed: int,
+    iterations: int | None = None,
+    waited_for: str | None = None,
+) -> Commit | None:
+    """The checks before a run starts in ``run_dir`` (nothing is written), made while the caller holds the
+    directory's lock (:func:`marti_ibrl.training.startup.claim_run_dir`): a writable directory; when resuming, its
+    commit record (None when there is none and the directory holds no run: the run starts at iteration 1), its seed,
+    every role's DeepSpeed checkpoint at the committed tag (``ROLE/ckpt/_actor/global_stepK``, what
+    :func:`pin_deepspeed_latest` pins) and every committed pool snapshot (:func:`verify_pools`); otherwise no run in
+    it (:func:`run_contents`) unless ``overwrite``. ``waited_for``: the process (in words) that held the directory
+    while this one waited for it; a run found then is that process's, and only an unfinished one (its commit below
+    ``iterations``) that this process was asked to resume is taken on (a requeued job whose predecessor was still
+    exiting). A :class:`RunDirError` names what is wrong and the ways on."""
     run_dir = Path(run_dir)
-    _check_writable(run_dir)
+    check_writable(run_dir)
+    found = run_contents(run_dir)
+    if waited_for and found:
+        _refuse_a_run_written_while_waiting(run_dir, found, resume, iterations, waited_for)
     if resume:
         commit = Commit.read(run_dir)
-        if commit is not None:
-            commit.check(seed)
-            for role in commit.updates:  # every trained role's DeepSpeed state at the committed tag
-                tag = run_dir / role / "ckpt" / "_actor" / f"global_step{commit.iteration}"
-                if not tag.is_dir():
-                    raise RunDirError(
-                        f"--ckpt.load_enable: {run_dir / STATE_FILE} commits iteration {commit.iteration}, but {tag} "
-                        "is missing: restore it, or start over (--ckpt.overwrite true)"
-                    )
-            verify_files(run_dir, commit)  # every file of those steps as committed (size, then sha256)
-            verify_pools(run_dir, commit)
-            if commit.ahead is not None:
-                read_rollout(run_dir, commit.ahead, check_only=True)
+        if commit is None:
+            if found:  # the record is gone (or never written): the files are a run's, never started over
+                raise RunDirError(
+                    f"--ckpt.load_enable: {run_dir} has no {STATE_FILE} (the commit a resume starts from) but holds a "
+                    f"run ({_shown(found)}): restore {STATE_FILE} from a copy to resume it; if the run never "
+                    "committed, start over with --ckpt.overwrite true (deletes it) or a new --ckpt.path"
+                )
+            return None
+        commit.check(seed)
+        for role in commit.updates:  # every trained role's DeepSpeed state at the committed tag
+            tag = run_dir / role / "ckpt" / "_actor" / f"global_step{commit.iteration}"
+            if not tag.is_dir():
+                raise RunDirError(
+                    f"--ckpt.load_enable: {run_dir / STATE_FILE} commits iteration {commit.iteration}, but {tag} "
+                    "is missing: restore it, or start over (--ckpt.overwrite true)"
+                )
+        verify_files(run_dir, commit)  # every file of those steps as committed (size, then sha256)
+        verify_pools(run_dir, commit)
+        if commit.ahead is not None:
+            read_rollout(run_dir, commit.ahead, check_only=True)
         return commit
-    found = run_contents(run_dir)
     if found and not overwrite:
-        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         raise RunDirError(
-            f"--ckpt.path: {run_dir} holds a run ({shown}); resume it with --ckpt.load_enable true, or start over "
-            "with a new --ckpt.path or --ckpt.overwrite true (deletes it)"
+            f"--ckpt.path: {run_dir} holds a run ({_shown(found)}); resume it with --ckpt.load_enable true, or start "
+            "over with a new --ckpt.path or --ckpt.overwrite true (deletes it)"
         )
     return None
+
+
+def _refuse_a_run_written_while_waiting(
+    run_dir: Path, found: list[str], resume: bool, iterations: int | None, holder: str
+) -> None:
+    """After a wait for ``holder`` to let go of ``run_dir``: its run is refused unless this process resumes it and it
+    is not finished (a requeued job whose predecessor was still exiting)."""
+    try:
+        commit = Commit.read(run_dir)
+    except RunDirError:
+        commit = None  # (not readable: refused below, or by the resume's own read)
+    done = commit is not None and iterations is not None and commit.iteration >= iterations
+    if resume and commit is not None and not done:
+        return
+    what = (
+        f"its finished run ({STATE_FILE} commits iteration {commit.iteration} of {iterations})"
+        if done
+        else f"a run ({_shown(found)})"
+    )
+    raise RunDirError(
+        f"--ckpt.path: {run_dir} was in use by {holder} while this run waited, and now holds {what}: nothing "
+        "of it is changed; choose a new --ckpt.path, or, if this run was meant for that directory, start it again "
+        "(--ckpt.load_enable true resumes an unfinished run, --ckpt.overwrite true deletes it)"
+    )
 
 
 HASH_THREADS = 8

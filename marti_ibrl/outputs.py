@@ -47,10 +47,13 @@ class OutputLock:
         self._fd: int | None = None
         self._made_dir = False
         self.took_over: dict | None = None  # the record of a holder that exited and left its lock file behind
+        self.waited_for: str | None = None  # the holder this process waited for (acquire(wait=...)), in words
 
     def acquire(self, wait: float = 0.0) -> OutputLock:
         """Hold the lock, or :class:`OutputInUse` naming the holder (nothing is changed then). ``wait``: seconds to
-        wait for a holder to let go first (a requeued job whose predecessor is still exiting), said in one line."""
+        wait for a holder to let go first (a requeued job whose predecessor is still exiting), said in one line;
+        :attr:`waited_for` then names that holder (what it wrote meanwhile is its own: the caller judges the output
+        again, now that it holds it)."""
         if self._fd is not None:
             return self
         deadline, said = time.monotonic() + wait, False
@@ -61,6 +64,7 @@ class OutputLock:
                 if time.monotonic() >= deadline:
                     raise
                 if not said:
+                    self.waited_for = describe(e.holder)
                     print(f"{self.flag} {self.output}: waiting up to {wait:g} s for {describe(e.holder)} to let go",
                           file=sys.stderr, flush=True)  # fmt: skip
                     said = True

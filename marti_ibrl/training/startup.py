@@ -26,7 +26,15 @@ from marti_ibrl.cluster.colocate import (
 from marti_ibrl.cluster.phases import PHASES_FILE, PhaseLog
 from marti_ibrl.cluster.placement import colocated, frozen_checkpoints, shares_engines
 from marti_ibrl.cluster.topology import topology, write_topology
-from marti_ibrl.commit import STATE_FILE, Commit, RunDirError, clear_run, open_run_dir, pin_deepspeed_latest
+from marti_ibrl.commit import (
+    STATE_FILE,
+    Commit,
+    RunDirError,
+    check_writable,
+    clear_run,
+    open_run_dir,
+    pin_deepspeed_latest,
+)
 from marti_ibrl.config import Config, RoleConfig, to_yaml
 from marti_ibrl.outputs import OutputInUse, OutputLock, repair_jsonl
 from marti_ibrl.rewards import RoleRewards
@@ -50,25 +58,34 @@ def startup_stage(what: str, quiet: bool = False):
 
 def claim_run_dir(cfg: Config, roles: list[str]) -> tuple[Commit | None, OutputLock]:
     """``--ckpt.path`` held by this process (:class:`~marti_ibrl.outputs.OutputLock`) with the run's config written
-    in it; its last commit when resuming (``--ckpt.load_enable``). A directory that holds a run is refused unless
-    resumed or ``--ckpt.overwrite`` (:func:`marti_ibrl.commit.open_run_dir`). ``cfg.ckpt``'s ``load_enable`` and
-    ``overwrite`` are set to what was done (nothing to resume; deleted), so the config written is safe to reuse."""
+    in it; its last commit when resuming (``--ckpt.load_enable``). The lock is taken first and the directory judged
+    while it is held (:func:`marti_ibrl.commit.open_run_dir`), so a second ``train`` that waited for the first
+    (``--ckpt.lock_wait``) judges what the first left, never what was there before it: a directory that holds a run
+    is refused unless resumed or ``--ckpt.overwrite``, and a run written while this one waited is refused unless it
+    is resumed and unfinished. ``cfg.ckpt``'s ``load_enable`` and ``overwrite`` are set to what was done (nothing to
+    resume; deleted), so the config written is safe to reuse."""
     run_dir = Path(cfg.ckpt.path)
-    commit = open_run_dir(
-        run_dir, resume=cfg.ckpt.load_enable, overwrite=cfg.ckpt.overwrite, seed=cfg.train.seed
-    )  # before anything is written: a refused start leaves the directory as it was
-    if commit is not None and commit.ahead is not None and not cfg.train.async_rollout:
-        raise RunDirError(
-            f"--train.async_rollout: {run_dir} was trained with it and its commit holds the rollout of "
-            f"iteration {commit.ahead['iteration']}, made before the commit: resume with --train.async_rollout true"
-        )
+    check_writable(run_dir)  # before the lock makes the directory: a path that cannot be one is one line
     try:  # one writer per run directory (docs/reliability.md): a second run on it refuses, naming the first
         lock = OutputLock(run_dir, "--ckpt.path").acquire(wait=cfg.ckpt.lock_wait)
     except OutputInUse as e:
         raise RunDirError(str(e)) from None
     except OSError as e:
         raise RunDirError(f"--ckpt.path: {run_dir}: {e.strerror or e}") from None
-    try:
+    try:  # judged under the lock; a refused start leaves the directory as it was (the lock's own file goes)
+        commit = open_run_dir(
+            run_dir,
+            resume=cfg.ckpt.load_enable,
+            overwrite=cfg.ckpt.overwrite,
+            seed=cfg.train.seed,
+            iterations=cfg.train.iterations,
+            waited_for=lock.waited_for,
+        )
+        if commit is not None and commit.ahead is not None and not cfg.train.async_rollout:
+            raise RunDirError(
+                f"--train.async_rollout: {run_dir} was trained with it and its commit holds the rollout of "
+                f"iteration {commit.ahead['iteration']}, made before the commit: resume with --train.async_rollout true"
+            )
         _prepare_run_dir(cfg, roles, run_dir, commit)
     except BaseException:
         lock.release()
@@ -77,8 +94,8 @@ def claim_run_dir(cfg: Config, roles: list[str]) -> tuple[Commit | None, OutputL
 
 
 def _prepare_run_dir(cfg: Config, roles: list[str], run_dir: Path, commit: Commit | None) -> None:
-    if commit is None and cfg.ckpt.load_enable:  # nothing committed: never load a half-written checkpoint
-        print(f"--ckpt.load_enable: no {STATE_FILE} in {run_dir}, starting from iteration 1")
+    if commit is None and cfg.ckpt.load_enable:  # nothing committed, and no run here (open_run_dir): a new one
+        print(f"--ckpt.load_enable: no {STATE_FILE} in {run_dir} and no run, starting from iteration 1")
         cfg.ckpt.load_enable = False
     if cfg.ckpt.overwrite:
         deleted, kept = clear_run(run_dir, roles)
@@ -89,8 +106,8 @@ def _prepare_run_dir(cfg: Config, roles: list[str], run_dir: Path, commit: Commi
     for name in APPEND_ONLY:  # a line torn by a crash moved aside
         if said := repair_jsonl(run_dir / name):
             print(said, flush=True)
-    if commit is None:  # transcripts of a run stopped before its first commit: its iterations are played anew
-        transcripts.keep_until(run_dir, 0)
+    # (no transcripts are dropped here: a directory whose transcripts.jsonl holds lines holds a run, refused above
+    # unless resumed, when the trainer keeps the committed iterations' lines, or deleted with --ckpt.overwrite)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))

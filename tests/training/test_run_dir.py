@@ -419,3 +419,221 @@ def test_a_resume_refuses_a_deepspeed_file_missing_truncated_or_changed(tmp_path
     assert line.startswith(f"marti-ibrl train: error: --ckpt.load_enable: {run / 'agent2'}") and message in line, line
     assert line.endswith("committed it at iteration 2: restore it, or start over (--ckpt.overwrite true)"), line
     assert fingerprint(run) == before  # config.yaml not rewritten, nothing started
+
+
+# -- issue 63, data loss 1: a second `train` into the same directory judges it after it holds the lock -------------
+
+HOLD = """
+import sys
+from marti_ibrl.outputs import OutputLock
+lock = OutputLock(sys.argv[1], "--ckpt.path").acquire()
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin: the first run's end
+lock.release()
+"""
+
+TRAIN = """
+import sys
+from marti_ibrl.training import startup
+
+def started(*_):
+    print("reached Ray", flush=True)
+    raise SystemExit(99)
+
+startup.init_ray = started  # a start that is let through stops here, with 99
+from marti_ibrl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+BOUND = 600  # seconds: the slowest start of a Python process with torch seen on two busy cores, with margin
+
+
+def wait_for(condition, what: str, bound: float = BOUND) -> None:
+    """Poll ``condition`` every 0.2 s until it holds; fail naming ``what`` after ``bound`` seconds."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {bound} s: {what}"
+        time.sleep(0.2)
+
+
+def run_files(run: Path) -> dict[str, str]:
+    """sha256 of every file under ``run`` but the lock file (a holder's, taken and let go)."""
+    from marti_ibrl.outputs import LOCK_NAME
+
+    return {name: h for name, h in fingerprint(run).items() if name != LOCK_NAME}
+
+
+def write_first_run(run: Path) -> None:
+    """What a first run of 2 iterations leaves: write_run's commit of iteration 2 (pool snapshots, DeepSpeed and HF
+    checkpoints), transcripts, phases, tensorboard."""
+    write_run(run, iteration=2)
+    (run / "transcripts.jsonl").write_text("".join(f'{{"iteration": {k}, "turns": []}}\n' for k in (1, 2)))
+    (run / "phases.jsonl").write_text('{"k": 1}\n')
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events.out").write_bytes(b"\x00events")
+
+
+FINISHED = "and now holds its finished run (trainer_state.json commits iteration 2 of 2)"
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ([], FINISHED),
+        (["--train.iterations", "4"], "and now holds a run (trainer_state.json, pool/agent1/v000001.safetensors, "),
+        (["--ckpt.overwrite", "true"], FINISHED),
+        (["--ckpt.load_enable", "true"], FINISHED),
+    ],
+    ids=["new", "new_the_first_unfinished", "overwrite", "resume_finished"],
+)
+def test_a_second_train_that_waited_for_the_first_refuses_the_run_it_left(tmp_path, flags, extra, said) -> None:
+    """Issue 63, data loss 1: `train` into RUN while another `train` holds it. The second judged RUN before the lock
+    (empty: a new run), waited --ckpt.lock_wait, and when the first let go started from iteration 1 in its run:
+    transcripts dropped, config.yaml rewritten, checkpoints, pool and exports trained over. Two real processes
+    contend for the real lock; the second is a real `marti-ibrl train` (its Ray replaced by exit 99). It now judges
+    RUN once it holds it: one line, exit 2, every byte of the first run as the first left it (a run of 2 iterations,
+    finished or, for a second asking for 4, not)."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    second = None
+    try:
+        assert first.stdout.readline().strip() == "held"  # the first run holds RUN (its lock made it)
+        err = tmp_path / "second.err"
+        args = [*flags, "--train.iterations", "2", "--ckpt.path", str(run), "--ckpt.lock_wait", str(BOUND)]
+        with open(err, "w") as stderr:
+            second = subprocess.Popen(
+                [sys.executable, "-c", TRAIN, "train", *args, *extra],
+                stdout=subprocess.PIPE, stderr=stderr, text=True,
+            )  # fmt: skip
+        wait_for(lambda: "waiting up to" in err.read_text() or second.poll() is not None, "the second train waits")
+        assert second.poll() is None, err.read_text()
+        write_first_run(run)  # the first run trains to its end meanwhile ...
+        before = run_files(run)
+        first.stdin.close()  # ... and lets go
+        assert first.wait(BOUND) == 0
+        out, _ = second.communicate(timeout=BOUND)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    lines = [line for line in err.read_text().splitlines() if line.startswith("marti-ibrl")]
+    assert second.returncode == 2, (second.returncode, out, err.read_text())
+    assert len(lines) == 1 and "Traceback" not in err.read_text(), err.read_text()
+    assert lines[0].startswith(
+        f"marti-ibrl train: error: --ckpt.path: {run} was in use by pid {first.pid} on {socket.gethostname()} "
+    ), lines[0]
+    assert f"while this run waited, {said}" in lines[0], lines[0]
+    assert lines[0].endswith(
+        ": nothing of it is changed; choose a new --ckpt.path, or, if this run was meant for that directory, start it "
+        "again (--ckpt.load_enable true resumes an unfinished run, --ckpt.overwrite true deletes it)"
+    ), lines[0]
+    assert "reached Ray" not in out
+    assert run_files(run) == before  # byte for byte, and no file added
+    assert not (run / ".marti-ibrl.lock").exists()  # the refused one let go
+
+
+def test_a_requeued_resume_that_waited_for_its_predecessor_resumes_its_last_commit(tmp_path, flags) -> None:
+    """The reason for --ckpt.lock_wait: a requeued job (--ckpt.load_enable true) whose predecessor is still exiting
+    waits for it, then resumes the commit the predecessor left (judged after the wait: iteration 2, not the empty
+    directory it first saw)."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    second = None
+    try:
+        assert first.stdout.readline().strip() == "held"
+        err = tmp_path / "second.err"
+        args = [*flags, "--train.iterations", "4", "--ckpt.path", str(run), "--ckpt.lock_wait", str(BOUND)]
+        with open(err, "w") as stderr:
+            second = subprocess.Popen(
+                [sys.executable, "-c", TRAIN, "train", *args, "--ckpt.load_enable", "true"],
+                stdout=subprocess.PIPE, stderr=stderr, text=True,
+            )  # fmt: skip
+        wait_for(lambda: "waiting up to" in err.read_text() or second.poll() is not None, "the second train waits")
+        assert second.poll() is None, err.read_text()
+        write_first_run(run)  # iteration 2 of 4 committed: the predecessor was stopped there
+        first.stdin.close()
+        assert first.wait(BOUND) == 0
+        out, _ = second.communicate(timeout=BOUND)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert second.returncode == 99, (second.returncode, out, err.read_text())  # reached Ray: resuming
+    assert "reached Ray" in out
+    assert "iterations: 4" in (run / "config.yaml").read_text() and (run / STATE_FILE).is_file()
+
+
+# -- issue 63, data loss 2: a resume without its commit record never starts over ------------------------------------
+
+
+@pytest.mark.parametrize("left", ["everything", "checkpoints", "pool", "transcripts"])
+def test_a_resume_whose_commit_record_is_gone_refuses_naming_what_it_found(tmp_path, flags, capsys, left) -> None:
+    """Issue 63, data loss 2: `--ckpt.load_enable true` with trainer_state.json gone started over: pool snapshots
+    deleted, transcripts/phases replaced, a stale global_step2 beside the new step 1. Now one line naming what is
+    there, exit 2, every byte as it was."""
+    import shutil
+
+    run = tmp_path / "run"
+    write_first_run(run)
+    (run / "agent1" / "ckpt" / "_actor" / "global_step2" / "mp_rank_00_model_states.pt").write_bytes(b"state")
+    (run / STATE_FILE).unlink()
+    if left != "everything":
+        for role in ROLES:
+            if left != "checkpoints":
+                shutil.rmtree(run / role)
+        if left != "pool":
+            shutil.rmtree(run / "pool")
+        if left != "transcripts":
+            (run / "transcripts.jsonl").unlink()
+    shown = {
+        "everything": "pool/agent1/v000001.safetensors, pool/agent1/v000002.safetensors, "
+        "pool/agent2/v000001.safetensors, pool/agent2/v000002.safetensors and 5 more",
+        "checkpoints": "agent1/ckpt, agent1/hf, agent2/ckpt, agent2/hf",
+        "pool": "pool/agent1/v000001.safetensors, pool/agent1/v000002.safetensors, pool/agent2/v000001.safetensors, "
+        "pool/agent2/v000002.safetensors",
+        "transcripts": "transcripts.jsonl",
+    }[left]
+    before = fingerprint(run)
+    assert main(["train", *flags, "--ckpt.path", str(run), "--ckpt.load_enable", "true"]) == 2
+    assert one_error_line(capsys) == (
+        f"marti-ibrl train: error: --ckpt.load_enable: {run} has no trainer_state.json (the commit a resume starts "
+        f"from) but holds a run ({shown}): restore trainer_state.json from a copy to resume it; if the run never "
+        "committed, start over with --ckpt.overwrite true (deletes it) or a new --ckpt.path"
+    )
+    assert fingerprint(run) == before
+
+
+def test_a_new_run_into_transcripts_alone_is_refused_too(tmp_path, flags, capsys) -> None:
+    """A run stopped before its first commit without pools left its transcripts: a new `train` there dropped them
+    (issue 63: no path of train deletes a transcript it did not write without --ckpt.overwrite)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("old")
+    (run / "transcripts.jsonl").write_text('{"iteration": 1, "turns": []}\n')
+    before = fingerprint(run)
+    assert main(["train", *flags, "--ckpt.path", str(run)]) == 2
+    assert "holds a run (transcripts.jsonl); resume it with --ckpt.load_enable true" in one_error_line(capsys)
+    assert fingerprint(run) == before
+    with pytest.raises(RayStarted):  # asked: deleted, and the run starts
+        main(["train", *flags, "--ckpt.path", str(run), "--ckpt.overwrite", "true"])
+    assert not (run / "transcripts.jsonl").exists()
+
+
+def test_a_resume_into_an_empty_directory_still_starts_at_iteration_1(tmp_path, flags, capsys) -> None:
+    """Nothing to lose (no record, no run): a recipe's --ckpt.load_enable true on its first submission starts."""
+    run = tmp_path / "run"
+    (run / "agent1" / "ckpt").mkdir(parents=True)  # made, left empty
+    (run / "topology.json").write_text("{}")
+    with pytest.raises(RayStarted):
+        main(["train", *flags, "--ckpt.path", str(run), "--ckpt.load_enable", "true"])
+    assert f"--ckpt.load_enable: no trainer_state.json in {run} and no run, starting from iteration 1" in (
+        capsys.readouterr().out
+    )
