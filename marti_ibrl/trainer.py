@@ -289,7 +289,6 @@ class IBRLTrainer:
             try:
                 self.check_sync(k - 1)  # (--train.check_sync) the start-up broadcast
                 bar = progress_bar(range(self.start_iteration, cfg.train.iterations + 1), desc="IB-RL", unit="it")
-                print_line(table_head(self.roles, cfg.train.iterations))  # a row as each iteration ends
                 for k in bar:
                     start = time.perf_counter()
                     metrics = self.async_iteration(k) if cfg.train.async_rollout else self.iteration(k)
@@ -300,6 +299,8 @@ class IBRLTrainer:
                     warn_malformed_jump(k, before, metrics, lr_flags, cfg.train.warn_malformed_jump)
                     self.history.append(metrics)
                     self.logger.log_train(k, metrics)
+                    if k == self.start_iteration:  # the table's head, then a row as each iteration ends
+                        print_line(table_head(self.roles, cfg.train.iterations))
                     print_line(table_row(metrics, self.roles, cfg.train.iterations))
                     bar.set_postfix({f"{r}/reward": f"{metrics[f'{r}/reward']:.2f}" for r in self.roles})
                     if cfg.ckpt.save_steps > 0 and k % cfg.ckpt.save_steps == 0 and k < cfg.train.iterations:
