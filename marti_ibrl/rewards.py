@@ -91,7 +91,7 @@ class RoleRewards:
     """
 
     def __init__(self, cfg, env) -> None:
-        specs = {r.name: reward_spec(cfg.env.name, r) for r in cfg.roles}
+        self.specs = specs = {r.name: reward_spec(cfg.env.name, r) for r in cfg.roles}  # role -> rule, judge, mod:fn
         self.judges: dict[str, Any] = {}
         self.client = None
         judged = [r for r, s in specs.items() if s == JUDGE]

@@ -224,6 +224,11 @@ class TrainConfig:
     LLM judge failing after its retries, a reward function raising or returning NaN/inf: each such dialogue leaves
     the role's groups, counted in ``ROLE/reward/failures``), before the iteration trains or saves anything.
     1 never stops."""
+    reward_timeout: float = 120.0
+    """Seconds one call of a user's reward (``--roleN.reward_fn module:function``: a role's reward of one dialogue)
+    may take from its start; past it that dialogue has no reward for the role (kind ``timeout``, counted with
+    ``max_reward_failures``) and a warning names the reward, whose call runs on unwaited. A call that takes half of
+    it or more is named in a warning too. (The LLM judges are bounded by ``judge.timeout`` and ``judge.max_retries``.)"""
     max_skipped_updates: int = 3
     """Stop the run when this many updates of one role in a row had optimizer steps skipped for a NaN/inf loss or
     gradient (``ROLE/update/skipped``; a skipped step leaves the weights as they were), before the iteration is

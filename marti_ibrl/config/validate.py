@@ -151,6 +151,7 @@ def _validate_rollout_and_train(cfg: Config) -> None:
     _need(cfg.train.max_epochs >= 1, "train.max_epochs", "must be >= 1")
     _need(0 <= cfg.train.max_reward_failures <= 1, "train.max_reward_failures", "must be in [0, 1]")
     _need(cfg.train.max_skipped_updates >= 1, "train.max_skipped_updates", "must be >= 1")
+    _need(cfg.train.reward_timeout > 0, "train.reward_timeout", "must be > 0 seconds")
     _need(cfg.ckpt.lock_wait >= 0, "ckpt.lock_wait", "must be >= 0 seconds")
     _need(cfg.logger.transcripts >= -1, "logger.transcripts", "must be >= -1 (-1: every dialogue, 0: none)")
     _need(cfg.train.warn_uninformative >= 0, "train.warn_uninformative", "must be >= 0 (0: never warn)")

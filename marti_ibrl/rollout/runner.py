@@ -23,6 +23,7 @@ from marti_ibrl.progress import bar as progress_bar
 from marti_ibrl.reward_types import RewardUnavailable, score
 from marti_ibrl.rollout.dialogue import Attempt, Trajectory, Turn
 from marti_ibrl.rollout.render import RoleView
+from marti_ibrl.rollout.reward_pool import RewardPool, reward_result
 
 log = logging.getLogger(__name__)
 CONTEXT_LIMIT = "context_limit"
@@ -125,13 +126,22 @@ class DialogueRunner:
         max_len: int,
         max_resamples: int = 2,
         reward_workers: int = 4,
+        reward_timeouts: Mapping[str, float] | None = None,
+        reward_names: Mapping[str, str] | None = None,
     ):
+        """``reward_timeouts``: per role, the seconds one call of its reward may take (``--train.reward_timeout``,
+        a user's reward; a role absent: no bound). Past it the dialogue has no reward for that role (kind
+        ``timeout``, the call left running on its own thread), and a call that took half of it or more is named in a
+        warning (``reward_names``: each role's reward as configured, e.g. ``my_module:my_fn``):
+        :mod:`marti_ibrl.rollout.reward_pool`."""
         self.env = env
         self.reward_fns = dict(reward_fns)
         self.sampling = dict(sampling)
         self.max_len = max_len
         self.max_resamples = max_resamples
         self.reward_workers = reward_workers
+        self.reward_timeouts = dict(reward_timeouts or {})
+        self.reward_names = dict(reward_names or {})
         self._unreadable: set[type] = set()  # exception types env.step raised on a turn (logged once each)
 
     def run(
@@ -177,7 +187,8 @@ class DialogueRunner:
         done: list[Trajectory] = []
         scoring: list[tuple[Trajectory, dict[str, Future]]] = []
         bar = progress_bar(total=total, desc="rollout", unit="dlg", disable=not progress, leave=False)
-        with ThreadPoolExecutor(max_workers=self.reward_workers) as pool, ThreadPoolExecutor(4) as players:
+        pool, warned = RewardPool(self.reward_workers), set()  # (warned: the roles whose slow reward was named)
+        with ThreadPoolExecutor(4) as players:
 
             def hand_over(wait: bool) -> None:
                 """Rewards into the trajectories scored so far (all of them when ``wait``, else those scored), each
@@ -187,7 +198,7 @@ class DialogueRunner:
                 ready = [s for s, r in zip(scoring, is_ready) if r]
                 scoring = [s for s, r in zip(scoring, is_ready) if not r]
                 for traj, futures in ready:
-                    self._collect(traj, futures)
+                    self._collect(traj, futures, pool, warned)
                     if on_done is not None:
                         on_done(request_order[id(traj)] // n_samples, traj)
 
@@ -200,8 +211,15 @@ class DialogueRunner:
                 if number is not None:
                     before_pass(number)
                 after_turn = (lambda: hand_over(wait=False)) if on_done is not None else None
-                self._play(queue, cap, players, seed, end, after_turn)
-            hand_over(wait=True)
+                try:
+                    self._play(queue, cap, players, seed, end, after_turn)
+                except BaseException:
+                    pool.shutdown()
+                    raise
+            try:
+                hand_over(wait=True)
+            finally:
+                pool.shutdown()
         bar.close()
         return sorted(done, key=lambda t: request_order[id(t)])
 
@@ -391,15 +409,22 @@ class DialogueRunner:
         self.env.abort(traj.state, CONTEXT_LIMIT)
         return True
 
-    @staticmethod
-    def _collect(traj: Trajectory, futures: Mapping[str, Future]) -> None:
-        """The scored rewards into ``traj`` (waiting for them); a role without one gets its reason."""
+    def _collect(self, traj: Trajectory, futures: Mapping[str, Future], pool: RewardPool, warned: set[str]) -> None:
+        """The scored rewards into ``traj`` (waiting for them, a call with a timeout at most that long from its
+        start); a role without one gets its reason."""
         for role, future in futures.items():
             try:
-                traj.rewards[role] = float(future.result())
-            except RewardUnavailable as missing:  # a judge failing after its retries, a NaN, a raise
+                traj.rewards[role] = float(reward_result(future, pool, self._reward_name(role), role, traj, warned))
+            except RewardUnavailable as missing:  # a judge failing after its retries, a NaN, a raise, a timeout
                 traj.reward_failures[role] = f"{missing.kind}: {missing.reason}"
 
-    def _score_async(self, pool: ThreadPoolExecutor, traj: Trajectory) -> dict[str, Future]:
+    def _reward_name(self, role: str) -> str:
+        fn = self.reward_fns[role]
+        return self.reward_names.get(role) or getattr(fn, "__qualname__", repr(fn))
+
+    def _score_async(self, pool: RewardPool, traj: Trajectory) -> dict[str, Future]:
         traj.outcome = self.env.outcome(traj.state)
-        return {role: pool.submit(score, fn, traj, role, traj.scenario) for role, fn in self.reward_fns.items()}
+        return {
+            role: pool.submit(score, fn, traj, role, traj.scenario, limit=self.reward_timeouts.get(role))
+            for role, fn in self.reward_fns.items()
+        }

@@ -37,7 +37,7 @@ from marti_ibrl.commit import (
 )
 from marti_ibrl.config import Config, RoleConfig, to_yaml
 from marti_ibrl.outputs import OutputInUse, OutputLock, repair_jsonl
-from marti_ibrl.rewards import RoleRewards
+from marti_ibrl.rewards import JUDGE, RULE, RoleRewards
 from marti_ibrl.rollout import transcripts
 from marti_ibrl.rollout.runner import DialogueRunner, Policy
 from marti_ibrl.training.checks import SYNC_CHECKS_FILE
@@ -213,6 +213,8 @@ def make_rollout(cfg: Config, env) -> tuple[RoleRewards, DialogueRunner]:
         cfg.rollout.max_len,
         cfg.env.max_resamples,
         reward_workers=max(4, cfg.judge.max_concurrency) if rewards.judges else 4,
+        reward_timeouts={r: cfg.train.reward_timeout for r, spec in rewards.specs.items() if spec not in (RULE, JUDGE)},
+        reward_names=rewards.specs,
     )
     return rewards, runner
 

@@ -602,6 +602,9 @@ def test_non_finite_in_a_config_file(tmp_path: Path, base: list[str]) -> None:
         ("train.max_reward_failures", "1.5", "must be in [0, 1]"),
         ("train.max_reward_failures", "-0.1", "must be in [0, 1]"),
         ("train.max_skipped_updates", "0", "must be >= 1"),
+        ("train.reward_timeout", "0", "must be > 0 seconds"),
+        ("train.reward_timeout", "-1", "must be > 0 seconds"),
+        ("train.reward_timeout", "inf", "must be a finite number, got inf"),
     ],
 )
 def test_failure_thresholds_are_checked(base: list[str], flag: str, value: str, why: str) -> None:

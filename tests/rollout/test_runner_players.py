@@ -16,6 +16,7 @@ import test_runner  # the tiny ChatML tokenizer fixture and the token-id helper 
 from marti_ibrl.envs.dond import DondEnv, DondScenario, complement, format_selection, format_try, parse_utterance
 from marti_ibrl.envs.dond.bots import all_allocations
 from marti_ibrl.rewards import env_reward
+from marti_ibrl.rollout import reward_pool
 from marti_ibrl.rollout import runner as runner_module
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.players import ScriptedBotPlayer
@@ -103,7 +104,7 @@ def env() -> DondEnv:
     return DondEnv(prompt_style="compact", max_rounds=6)
 
 
-def _run(env, tok, policies_for_agent2, seed: int = 0, max_live: int | None = None, reward_fns=None, max_len=4096):
+def _run(env, tok, policies_for_agent2, seed=0, max_live=None, reward_fns=None, max_len=4096, **runner_kwargs):
     engine = SeededFakeEngine(tok)
     runner = DialogueRunner(
         env,
@@ -111,6 +112,7 @@ def _run(env, tok, policies_for_agent2, seed: int = 0, max_live: int | None = No
         sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": MAX_NEW_TOKENS},
         max_len=max_len,
         max_resamples=2,
+        **runner_kwargs,
     )
     current = Policy("current", [engine], tok)
     if isinstance(policies_for_agent2, Policy):
@@ -342,6 +344,78 @@ def test_too_many_reward_failures_stop_the_run_naming_the_role(env, tok, no_ray)
         f"({N_SAMPLES} non_finite; first: non_finite: returned nan); stopped before iteration 3 trained or saved "
         "anything"
     )
+
+
+def test_a_reward_past_its_timeout_is_given_up_on_and_named(env, tok, no_ray, caplog) -> None:
+    """Issue 63: a custom reward had no timeout (the runner waited on future.result() unbounded: a reward that
+    sleeps 60 s made every iteration 63 s, said nowhere). A call past --train.reward_timeout leaves its dialogue
+    without that role's reward (kind timeout), one warning names the reward, the rollout does not wait for the call,
+    and calls queued behind stuck ones (one reward thread here) still run."""
+    import threading
+    import time
+
+    bound = 300.0  # the stuck calls' own end: far past the timeout, so a runner that waits for them is seen waiting
+    release = threading.Event()
+
+    def stuck(traj, role, scenario):
+        if traj.scenario_uid == "s1":
+            release.wait(bound)
+        return 0.5
+
+    rule = env_reward(env)
+    names = {"agent1": "my_rewards:stuck", "agent2": "rule"}
+    caplog.set_level("WARNING", logger=reward_pool.__name__)
+    start = time.monotonic()
+    try:
+        trajs, _ = _run(
+            env, tok, _bot("greedy"), reward_fns={"agent1": stuck, "agent2": rule},
+            reward_workers=1, reward_timeouts={"agent1": 3.0}, reward_names=names,
+        )  # fmt: skip
+        took = time.monotonic() - start
+    finally:
+        release.set()
+    assert took < bound / 2, took  # N_SAMPLES stuck calls, each given up on 3 s after it started
+    for t in trajs:
+        assert t.rewards["agent2"] == rule(t, "agent2", t.scenario)
+        if t.scenario_uid == "s1":
+            assert t.reward_failures == {
+                "agent1": "timeout: reward my_rewards:stuck took longer than --train.reward_timeout 3 s"
+            }
+        else:
+            assert t.reward_failures == {} and t.rewards["agent1"] == 0.5
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "reward my_rewards:stuck of agent1 took longer than --train.reward_timeout 3 s (scenario 's1'): given up on, "
+        "that dialogue has no agent1 reward (the call runs on, unwaited); a reward that needs longer: raise "
+        "--train.reward_timeout"
+    ], warnings  # once per role and rollout
+
+
+def test_a_slow_reward_within_its_timeout_is_named_in_a_warning(env, tok, no_ray, caplog, monkeypatch) -> None:
+    """Issue 63's probe: a reward taking 60 s of a 120 s timeout is scored, and named as slow (the runner's clock is
+    a fake one the reward moves on, so no test waits for it; one reward thread, so no other call spans the jump)."""
+    import time
+    from types import SimpleNamespace
+
+    clock = [time.monotonic()]
+    monkeypatch.setattr(reward_pool, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def slow(traj, role, scenario):
+        if traj.scenario_uid == "s1" and traj.sample_index == 0:
+            clock[0] += 60.0
+        return 0.5
+
+    caplog.set_level("WARNING", logger=reward_pool.__name__)
+    trajs, _ = _run(
+        env, tok, _bot("greedy"), reward_fns={"agent1": slow, "agent2": env_reward(env)},
+        reward_workers=1, reward_timeouts={"agent1": 120.0}, reward_names={"agent1": "my_rewards:slow"},
+    )  # fmt: skip
+    assert all(t.reward_failures == {} and t.rewards["agent1"] == 0.5 for t in trajs)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "reward my_rewards:slow of agent1 is slow: one call took 60.0 s (scenario 's1'); --train.reward_timeout 120 s "
+        "gives up on a call at that"
+    ], warnings
 
 
 def _signature(trajs: list[Trajectory]) -> list:
