@@ -16,7 +16,6 @@ import test_runner  # the tiny ChatML tokenizer fixture and the token-id helper 
 from marti_ibrl.envs.dond import DondEnv, DondScenario, complement, format_selection, format_try, parse_utterance
 from marti_ibrl.envs.dond.bots import all_allocations
 from marti_ibrl.rewards import env_reward
-from marti_ibrl.rollout import reward_pool
 from marti_ibrl.rollout import runner as runner_module
 from marti_ibrl.rollout.dialogue import Trajectory
 from marti_ibrl.rollout.players import ScriptedBotPlayer
@@ -364,7 +363,7 @@ def test_a_reward_past_its_timeout_is_given_up_on_and_named(env, tok, no_ray, ca
 
     rule = env_reward(env)
     names = {"agent1": "my_rewards:stuck", "agent2": "rule"}
-    caplog.set_level("WARNING", logger=reward_pool.__name__)
+    caplog.set_level("WARNING", logger="marti_ibrl.rollout.reward_pool")
     start = time.monotonic()
     try:
         trajs, _ = _run(
@@ -396,6 +395,8 @@ def test_a_slow_reward_within_its_timeout_is_named_in_a_warning(env, tok, no_ray
     a fake one the reward moves on, so no test waits for it; one reward thread, so no other call spans the jump)."""
     import time
     from types import SimpleNamespace
+
+    from marti_ibrl.rollout import reward_pool
 
     clock = [time.monotonic()]
     monkeypatch.setattr(reward_pool, "time", SimpleNamespace(monotonic=lambda: clock[0]))

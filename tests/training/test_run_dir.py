@@ -441,6 +441,16 @@ def started(*_):
     raise SystemExit(99)
 
 startup.init_ray = started  # a start that is let through stops here, with 99
+claim = startup.claim_run_dir
+
+
+def claimed(cfg, roles):
+    commit, lock = claim(cfg, roles)
+    print("claimed at commit", commit and commit.iteration, flush=True)  # what the start resumes from
+    return commit, lock
+
+
+startup.claim_run_dir = claimed
 from marti_ibrl.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -520,6 +530,7 @@ def test_a_second_train_that_waited_for_the_first_refuses_the_run_it_left(tmp_pa
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    assert run_files(run) == before  # byte for byte, and no file added (before issue 63: config.yaml, transcripts)
     lines = [line for line in err.read_text().splitlines() if line.startswith("marti-ibrl")]
     assert second.returncode == 2, (second.returncode, out, err.read_text())
     assert len(lines) == 1 and "Traceback" not in err.read_text(), err.read_text()
@@ -532,7 +543,6 @@ def test_a_second_train_that_waited_for_the_first_refuses_the_run_it_left(tmp_pa
         "again (--ckpt.load_enable true resumes an unfinished run, --ckpt.overwrite true deletes it)"
     ), lines[0]
     assert "reached Ray" not in out
-    assert run_files(run) == before  # byte for byte, and no file added
     assert not (run / ".marti-ibrl.lock").exists()  # the refused one let go
 
 
@@ -558,6 +568,7 @@ def test_a_requeued_resume_that_waited_for_its_predecessor_resumes_its_last_comm
         wait_for(lambda: "waiting up to" in err.read_text() or second.poll() is not None, "the second train waits")
         assert second.poll() is None, err.read_text()
         write_first_run(run)  # iteration 2 of 4 committed: the predecessor was stopped there
+        transcripts = (run / "transcripts.jsonl").read_bytes()
         first.stdin.close()
         assert first.wait(BOUND) == 0
         out, _ = second.communicate(timeout=BOUND)
@@ -567,7 +578,8 @@ def test_a_requeued_resume_that_waited_for_its_predecessor_resumes_its_last_comm
                 proc.kill()
                 proc.wait()
     assert second.returncode == 99, (second.returncode, out, err.read_text())  # reached Ray: resuming
-    assert "reached Ray" in out
+    assert "claimed at commit 2\n" in out and "reached Ray" in out, out  # not iteration 1 (as seen before the wait)
+    assert (run / "transcripts.jsonl").read_bytes() == transcripts  # the committed iterations' lines kept
     assert "iterations: 4" in (run / "config.yaml").read_text() and (run / STATE_FILE).is_file()
 
 
