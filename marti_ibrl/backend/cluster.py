@@ -11,13 +11,91 @@ import ray
 
 from marti_ibrl.cluster.placement import device_slots
 from marti_ibrl.config import Config, ConfigError
+from marti_ibrl.config.schema import RayConfig
 from marti_ibrl.procenv import SHARE_ONE_GPU_ENV, ray_env_vars, share_one_gpu
+
+START_TIMEOUT = RayConfig.start_timeout
+"""``--ray.start_timeout``'s default (the commands without a config use it too)."""
 
 
 def init_ray(cfg: Config, device: str) -> None:
     """Connect to a cluster (``ray.address``) or start a local Ray with the job's device slots
     (:func:`marti_ibrl.cluster.placement.device_slots`, the placement ``marti-ibrl plan`` prints)."""
-    start_ray(device_slots(cfg), device, cfg.ray.address, cfg.ray.num_cpus, cfg.ray.log_to_driver)
+    start_ray(
+        device_slots(cfg), device, cfg.ray.address, cfg.ray.num_cpus, cfg.ray.log_to_driver, cfg.ray.start_timeout
+    )
+
+
+class RayStartTimeout(RuntimeError):
+    """A local Ray did not start within its bound, twice."""
+
+
+def _kill_started_since(started: float) -> list[str]:
+    """Kill this process's descendants created at or after ``started`` (``time.time()``): the GCS, raylet and
+    workers of a start given up on, which ``ray.shutdown`` does not know (the interrupted ``ray.init`` never recorded
+    its node). Returns their names."""
+    import psutil
+
+    killed = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.create_time() >= started - 1.0:
+                killed.append(child.name())
+                child.kill()
+    return killed
+
+
+def bounded_start(init, limit: float, tries: int = 2) -> None:
+    """Call ``init`` (a local ``ray.init``) at most ``tries`` times, each bounded by ``limit`` seconds: past it, a
+    watchdog thread sends the main thread SIGINT (Python's handler: a KeyboardInterrupt, which wakes a call blocked in Ray's C++), the processes
+    that start left are killed and Ray is shut down; after the last try, :class:`RayStartTimeout` says so in one
+    line. A Ctrl-C of the user's own is a Ctrl-C. Off the main thread (where nothing can interrupt it) ``init`` runs
+    unbounded."""
+    import signal
+    import threading
+    import time
+
+    from marti_ibrl.cluster.nodes import _python_handles_sigint
+
+    if threading.current_thread() is not threading.main_thread():
+        init()
+        return
+    for attempt in range(1, tries + 1):
+        started, done, fired = time.time(), threading.Event(), threading.Event()
+
+        def watch(done=done, fired=fired):
+            if not done.wait(limit):
+                fired.set()  # a real SIGINT: it wakes a blocking call (a flag alone waits until the call returns)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+        previous = _python_handles_sigint()
+        watchdog = threading.Thread(target=watch, name="marti-ibrl-ray-start", daemon=True)
+        watchdog.start()
+        try:
+            try:
+                init()
+            finally:
+                done.set()
+                watchdog.join()
+            return
+        except KeyboardInterrupt:
+            if not fired.is_set():
+                raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        killed = _kill_started_since(started)
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        print(
+            f"marti-ibrl: a local Ray did not start in {limit:g} s (try {attempt} of {tries}); stopped "
+            f"{len(killed)} process(es) it started" + ("; starting it again" if attempt < tries else ""),
+            flush=True,
+        )
+    raise RayStartTimeout(
+        f"a local Ray did not start in {limit:g} s, {tries} times (its GCS did not answer for the node it started); "
+        "its session logs are under /tmp/ray/session_latest/logs; give it longer with --ray.start_timeout SECONDS"
+    )
 
 
 def wait_for_cluster(address: str, timeout: float) -> None:
@@ -53,7 +131,12 @@ def wait_for_cluster(address: str, timeout: float) -> None:
 
 
 def start_ray(
-    slots: int, device: str, address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True
+    slots: int,
+    device: str,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    log_to_driver: bool = True,
+    start_timeout: float = START_TIMEOUT,
 ) -> None:
     """Connect to ``address`` or start a local Ray; on CPU, declare one logical device per slot.
 
@@ -101,12 +184,15 @@ def start_ray(
     try:
         # address="local": always a Ray of our own; never an earlier `ray start` cluster on this machine, which
         # Ray would otherwise join through /tmp/ray/ray_current_cluster, even when that cluster is long dead
-        ray.init(
-            address="local",
-            include_dashboard=False,
-            runtime_env={"env_vars": env_vars},
-            log_to_driver=log_to_driver,
-            **kwargs,
+        bounded_start(
+            lambda: ray.init(
+                address="local",
+                include_dashboard=False,
+                runtime_env={"env_vars": env_vars},
+                log_to_driver=log_to_driver,
+                **kwargs,
+            ),
+            start_timeout,
         )
     finally:
         if visible is not None:

@@ -1,6 +1,6 @@
 """``marti-ibrl train``: IB-RL training (Ray + DeepSpeed) of the validated config of its flags
-(:func:`marti_ibrl.config.load_config`); exit 2 for a config error, 3 for a lost node, 4 for a stopped run (the last
-commit intact in both)."""
+(:func:`marti_ibrl.config.load_config`); exit 2 for a config error, 3 for a lost node or a local Ray that did not
+start (``--ray.start_timeout``), 4 for a stopped run (the last commit intact in each)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_device_dtype(cfg.ds.param_dtype, resolve_device(cfg.train.device))
     except ConfigError as e:
         return fail(e)
+    from marti_ibrl.backend.cluster import RayStartTimeout
     from marti_ibrl.cluster.nodes import NodeLostError
     from marti_ibrl.trainer import TrainingStopped, train
 
@@ -30,7 +31,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         history = train(cfg)  # the trainer's own checks (prompts that fit --rollout.max_len) come before Ray starts
     except ConfigError as e:
         return fail(e)
-    except NodeLostError as e:  # the cluster lost a node: resumable from the last commit (the message says how)
+    except (NodeLostError, RayStartTimeout) as e:  # the cluster lost a node, or Ray hung starting: resumable
         print(f"marti-ibrl train: error: {e}", file=sys.stderr)
         return 3
     except TrainingStopped as e:  # NaN/inf rewards, steps or weights past their limits; the last commit is intact

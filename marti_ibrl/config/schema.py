@@ -328,6 +328,10 @@ class RayConfig:
     connect_timeout: float = 60.0
     """Seconds to wait for the cluster at ``address`` to accept a connection before giving up with one line (Ray's
     own client would retry for minutes)."""
+    start_timeout: float = 120.0
+    """Local Ray only: seconds it may take to start before it is stopped and started once more, then one line
+    (``marti_ibrl.backend.cluster.bounded_start``). A start takes about 12 s on 2 busy cores; once in CI
+    (2026-12-07) ``ray.init`` waited 900 s on its GCS for the node it had just started, in Ray's ``get_node``."""
 
 
 @dataclass

@@ -460,3 +460,5 @@ def validate_start(cfg: Config) -> None:
         raise ConfigError("--ckpt.overwrite: contradicts --ckpt.load_enable (resume the run, or start over: not both)")
     if not cfg.ray.connect_timeout > 0:
         raise ConfigError(f"--ray.connect_timeout: must be > 0 seconds, got {cfg.ray.connect_timeout}")
+    if not cfg.ray.start_timeout > 0:
+        raise ConfigError(f"--ray.start_timeout: must be > 0 seconds, got {cfg.ray.start_timeout}")

@@ -163,6 +163,7 @@ def test_missing_config_file(base: list[str], tmp_path: Path) -> None:
         (["--env.num_scenarios", "0"], "--env.num_scenarios: ", "must be >= 1 (training scenarios to generate), got 0"),
         (["--ckpt.overwrite", "--ckpt.load_enable", "true"], "--ckpt.overwrite: ", "resume the run, or start over"),
         (["--ray.connect_timeout", "0"], "--ray.connect_timeout: ", "must be > 0 seconds, got 0"),
+        (["--ray.start_timeout", "-1"], "--ray.start_timeout: ", "must be > 0 seconds, got -1"),
         (["--train.max_staleness", "2"], "--train.max_staleness: ", "one rollout is in flight at a time"),
         (["--train.async_rollout", "true", "--train.colocate", "role"], "--train.async_rollout: ", "colocated engines"),
         (["positional"], "unexpected argument 'positional'", ""),

@@ -1,0 +1,74 @@
+"""A local Ray's start is bounded (``--ray.start_timeout``, :func:`marti_ibrl.backend.cluster.bounded_start`): a start
+that hangs is interrupted, what it started is killed, and it is tried once more; twice is one line."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from marti_ibrl.backend.cluster import RayStartTimeout, bounded_start
+
+
+def test_a_start_that_hangs_twice_is_one_error_and_leaves_no_process():
+    calls, children = [], []
+
+    def hangs():
+        calls.append(time.monotonic())
+        children.append(subprocess.Popen(["sleep", "60"]))  # as ray.init's GCS and raylet
+        time.sleep(60)
+
+    t0 = time.monotonic()
+    with pytest.raises(RayStartTimeout, match=r"did not start in 0.5 s, 2 times.*--ray.start_timeout"):
+        bounded_start(hangs, 0.5)
+    assert len(calls) == 2 and time.monotonic() - t0 < 20
+    for child in children:
+        child.wait(timeout=10)  # killed, not left behind (wait reaps it; a live one would time out)
+        assert child.returncode == -9
+
+
+def test_a_start_that_hangs_once_is_started_again(capsys):
+    calls = []
+
+    def hangs_once():
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(60)
+
+    bounded_start(hangs_once, 0.5)
+    assert len(calls) == 2
+    assert "did not start in 0.5 s (try 1 of 2)" in capsys.readouterr().out
+
+
+def test_a_prompt_start_is_called_once_and_leaves_no_watchdog():
+    calls = []
+    bounded_start(lambda: calls.append(1), 5.0)
+    time.sleep(0.2)
+    assert calls == [1]
+    assert not any(t.name == "marti-ibrl-ray-start" for t in __import__("threading").enumerate())
+
+
+def test_the_users_own_ctrl_c_is_not_retried():
+    calls = []
+
+    def interrupted():
+        calls.append(1)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bounded_start(interrupted, 5.0)
+    assert calls == [1]
+
+
+def test_processes_older_than_the_start_are_left_alone():
+    older = subprocess.Popen(["sleep", "600"])
+    time.sleep(1.5)
+    try:
+        with pytest.raises(RayStartTimeout):
+            bounded_start(lambda: time.sleep(60), 0.3, tries=1)
+        assert psutil.Process(older.pid).status() != psutil.STATUS_ZOMBIE and older.poll() is None
+    finally:
+        older.kill()
+        older.wait()
