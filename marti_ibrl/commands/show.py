@@ -21,16 +21,17 @@ def cmd_show(args: argparse.Namespace) -> int:
         )
         print(f"marti-ibrl show: error: {run}: {why}", file=sys.stderr)
         return 2
-    records = read(run, args.iteration)
+    every = args.iteration is not None or args.all or args.malformed  # else the last iteration's only
+    records = read(run, args.iteration, "all" if every else "last")
+    if records.skipped:
+        print(f"marti-ibrl show: note: {run / TRANSCRIPTS_FILE}: {records.skipped} line(s) skipped, not kept dialogues "
+              "(cut by a crash, binary, or edited)", file=sys.stderr)  # fmt: skip
     if not records:
-        kept = sorted({r["iteration"] for r in read(run)})
+        kept = sorted({r["iteration"] for r in read(run, which="ends")}) if args.iteration is not None else []
         span = f"{kept[0]}..{kept[-1]}" if kept else "none"
-        print(f"marti-ibrl show: error: {run}: no dialogues kept for iteration {args.iteration} (kept: {span})",
-              file=sys.stderr)  # fmt: skip
+        which = f" for iteration {args.iteration}" if args.iteration is not None else ""
+        print(f"marti-ibrl show: error: {run}: no dialogues kept{which} (kept: {span})", file=sys.stderr)
         return 2
-    if args.iteration is None:  # the last iteration's, unless --all (--malformed: every iteration's)
-        every = args.all or args.malformed
-        records = records if every else [r for r in records if r["iteration"] == records[-1]["iteration"]]
     if args.malformed:
         print(malformed_summary(records))
         return 0

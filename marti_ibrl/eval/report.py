@@ -221,7 +221,7 @@ def said_markdown(run_dir: Path, shown: int = 1) -> str | None:
     (``RUN/transcripts.jsonl``, ``--logger.transcripts``), and the command that shows the rest; None without any."""
     from marti_ibrl.rollout import transcripts
 
-    kept = transcripts.read(run_dir)
+    kept = transcripts.read(run_dir, which="ends")
     if not kept:
         return None
     first, last = kept[0]["iteration"], kept[-1]["iteration"]
@@ -230,7 +230,7 @@ def said_markdown(run_dir: Path, shown: int = 1) -> str | None:
         picks += [r for r in kept if r["iteration"] == last][:shown]
     blocks = "\n\n".join(f"```\n{transcripts.format_dialogue(r)}\n```" for r in picks)
     return (
-        f"## What they said\n\n{len(kept)} dialogues kept (iterations {first}-{last}); every one: `marti-ibrl show "
+        f"## What they said\n\n{kept.seen} dialogues kept (iterations {first}-{last}); every one: `marti-ibrl show "
         f"{run_dir}` (`--iteration K`, `--malformed`). The first and the last iteration:\n\n{blocks}"
     )
 

@@ -103,35 +103,82 @@ def _iteration(line: str) -> int:
 FIELDS = ("iteration", "scenario_uid", "sample_index", "seats", "policies", "turns", "rewards", "agreed", "malformed")
 
 
+MAX_LINE = 64 << 20
+"""The longest line :func:`read` parses (a kept dialogue is a few KB): a longer one is skipped unread."""
+
+
 def _whole(rec: object) -> bool:
-    """A record as :func:`transcript_record` writes it (a line edited or cut is not one)."""
+    """A record as :func:`transcript_record` writes it (a line edited or cut is not one): every field
+    :func:`format_dialogue` and :func:`malformed_summary` read, of its type."""
+
+    def turn_ok(t: object) -> bool:
+        if not (isinstance(t, dict) and {"role", "text", "valid"} <= t.keys()):
+            return False
+        n = t.get("resamples") or 0
+        return isinstance(t["role"], str) and isinstance(t["text"], str) and isinstance(n, int) and n >= 0
+
     return (
         isinstance(rec, dict)
         and all(k in rec for k in FIELDS)
         and isinstance(rec["iteration"], int)
+        and not isinstance(rec["iteration"], bool)
         and isinstance(rec["turns"], list)
-        and all(isinstance(t, dict) and {"role", "text", "valid"} <= t.keys() for t in rec["turns"])
+        and all(turn_ok(t) for t in rec["turns"])
         and isinstance(rec["rewards"], dict)
         and isinstance(rec["policies"], dict)
         and isinstance(rec["seats"], list)
         and all(isinstance(s, str) for s in rec["seats"])
-        and all(isinstance(t["role"], str) and isinstance(t["text"], str) for t in rec["turns"])
+        and (rec["agreed"] or not rec["malformed"] or "fault_role" in rec)
+        and isinstance(rec.get("discarded", []), list)
     )
 
 
-def read(run_dir: str | Path, iteration: int | None = None) -> list[dict]:
-    """The kept dialogues of a run (of one iteration); a line that is not a whole record is skipped."""
+class Kept(list):
+    """The records :func:`read` kept; ``skipped``: the lines that were not whole records (cut by a crash, even inside
+    a UTF-8 character; binary; nested past :data:`marti_ibrl.safeparse.MAX_DEPTH`; edited; over :data:`MAX_LINE`)."""
+
+    skipped: int = 0
+    seen: int = 0
+    """The whole records read (of the iteration asked for), kept or not (``which``)."""
+
+
+def _lines(path: Path):
+    """The file's lines as bytes, streamed; None for a line longer than :data:`MAX_LINE` (read past, never held)."""
+    with open(path, "rb") as f:
+        while line := f.readline(MAX_LINE + 1):
+            if len(line) > MAX_LINE and not line.endswith(b"\n"):
+                while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
+                    pass
+                yield None
+            else:
+                yield line
+
+
+def read(run_dir: str | Path, iteration: int | None = None, which: str = "all") -> Kept:
+    """The kept dialogues of a run (of one ``iteration``), streamed: ``which`` ``"all"``, ``"last"`` (the last
+    iteration's only) or ``"ends"`` (the first and the last iteration's), so memory holds what is returned, not the
+    file. A line that is not a whole record is skipped and counted (:class:`Kept`)."""
+    from marti_ibrl import safeparse
+
     path = Path(run_dir) / TRANSCRIPTS_FILE
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    out = Kept()
+    if not path.is_file():
+        return out
+    for line in _lines(path):
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = safeparse.loads(line.decode("utf-8")) if line is not None else None
+        except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            rec = None
+        if not _whole(rec):
+            out.skipped += bool(line is None or line.strip())
             continue
-        if _whole(rec) and (iteration is None or rec["iteration"] == iteration):
-            out.append(rec)
+        if iteration is not None and rec["iteration"] != iteration:
+            continue
+        out.seen += 1
+        if which != "all" and out and rec["iteration"] > out[-1]["iteration"]:  # a later iteration: the earlier go
+            first = out[0]["iteration"]
+            out[:] = [r for r in out if which == "ends" and r["iteration"] == first]
+        out.append(rec)
     return out
 
 

@@ -103,3 +103,51 @@ def test_show_malformed_says_who_wrote_malformed_turns_where_and_what(tmp_path, 
     assert len(rows) == 5
     assert main(["show", str(tmp_path), "--malformed", "--iteration", "2"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
+
+
+def test_show_skips_and_counts_lines_that_are_not_kept_dialogues(tmp_path, capsys) -> None:
+    """Issue 63's readers: a line cut inside a UTF-8 character, a malformed ending without ``fault_role``, a
+    ``resamples`` that is not a count, binary bytes, a line nested 100,000 deep and an over-long line are each
+    skipped and counted in one note; the whole records around them are shown."""
+    good = [tr.transcript_record(k, _traj(f"s{k}", 0)) for k in (1, 2)]
+    good[1]["turns"][0]["text"] = "ça"  # written with ensure_ascii=False
+    tr.append(tmp_path, good)
+    no_fault = {k: v for k, v in good[0].items() if k != "fault_role"}
+    bad_count = json.loads(json.dumps(good[0]))
+    bad_count["turns"][0]["resamples"] = "two"
+    cut = json.dumps(good[1], ensure_ascii=False).encode()
+    cut = cut[: cut.index("ça".encode()) + 1]  # inside the two bytes of "ç"
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with open(tmp_path / tr.TRANSCRIPTS_FILE, "ab") as f:
+        for line in (json.dumps(no_fault).encode(), json.dumps(bad_count).encode(), b"\x00\xff\xfe" * 50, deep, cut):
+            f.write(line + b"\n")
+    f_size = (tmp_path / tr.TRANSCRIPTS_FILE).stat().st_size
+    kept = tr.read(tmp_path)
+    assert kept == good and kept.skipped == 5 and kept.seen == 2
+    assert main(["show", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("iteration 2 · ") == 1 and "ça" in out
+    assert err == (
+        f"marti-ibrl show: note: {tmp_path / tr.TRANSCRIPTS_FILE}: 5 line(s) skipped, not kept dialogues (cut by a "
+        "crash, binary, or edited)\n"
+    )
+    assert main(["show", str(tmp_path), "--malformed"]) == 0
+    assert (tmp_path / tr.TRANSCRIPTS_FILE).stat().st_size == f_size  # read only
+
+
+def test_a_line_over_the_limit_is_read_past_not_held(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(tr, "MAX_LINE", 1000)
+    rec = tr.transcript_record(1, _traj("s1", 0))
+    with open(tmp_path / tr.TRANSCRIPTS_FILE, "w") as f:
+        f.write("x" * 5000 + "\n" + json.dumps(rec) + "\n" + "y" * 3000)  # the last with no newline
+    kept = tr.read(tmp_path)
+    assert kept == [rec] and kept.skipped == 2
+
+
+def test_the_last_iteration_is_read_without_holding_the_others(tmp_path) -> None:
+    recs = [tr.transcript_record(k, _traj(f"s{k}{g}", g)) for k in (1, 2, 3) for g in (0, 1)]
+    tr.append(tmp_path, recs)
+    assert tr.read(tmp_path, which="last") == recs[4:]
+    ends = tr.read(tmp_path, which="ends")
+    assert ends == recs[:2] + recs[4:] and ends.seen == 6
+    assert tr.read(tmp_path, 2) == recs[2:4]
