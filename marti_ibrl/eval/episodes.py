@@ -5,7 +5,6 @@ moves it aside before an evaluation appends).
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from dataclasses import dataclass
@@ -42,15 +41,20 @@ def parse_named(text: str, default_prefix: str = "") -> Named:
 
 
 def read_episodes(path: Path) -> list[dict]:
-    """Episodes of a JSONL file; a truncated last line (killed mid-write) is ignored."""
+    """Episodes of a JSONL file; a line that is not a JSON object (a truncated last line killed mid-write, bytes that
+    are not UTF-8, nesting past :data:`marti_ibrl.safeparse.MAX_DEPTH`) is ignored."""
+    from marti_ibrl import safeparse
+
     if not path.exists():
         return []
     out = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().splitlines():
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            episode = safeparse.loads(line.decode("utf-8"))
+        except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             continue
+        if isinstance(episode, dict):
+            out.append(episode)
     return out
 
 

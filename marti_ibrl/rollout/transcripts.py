@@ -83,20 +83,22 @@ def keep_until(run_dir: str | Path, k: int) -> int:
     path = Path(run_dir) / TRANSCRIPTS_FILE
     if not path.exists():
         return 0
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = path.read_bytes().splitlines(keepends=True)  # bytes: a line that is not UTF-8 is a line like any other
     kept = [line for line in lines if _iteration(line) <= k]
     if len(kept) == len(lines):
         return 0
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.write_bytes(b"".join(kept))
     tmp.replace(path)
     return len(lines) - len(kept)
 
 
-def _iteration(line: str) -> int:
+def _iteration(line: bytes) -> int:
+    from marti_ibrl import safeparse
+
     try:
-        return int(json.loads(line)["iteration"])
-    except (ValueError, KeyError, TypeError):
+        return int(safeparse.loads(line.decode("utf-8"))["iteration"])
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
         return 1 << 62  # not a whole record: dropped with the uncommitted ones
 
 

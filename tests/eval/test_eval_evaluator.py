@@ -111,6 +111,13 @@ def test_episode_id_and_read_episodes(tmp_path):
     recs = [{"episode_id": episode_id(f"s{i}", "agent1", 0), "i": i} for i in range(3)]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs) + "\n" + json.dumps(recs[0])[:17])
     assert read_episodes(path) == recs  # the blank line and the truncated last line are ignored
+    with open(
+        path, "ab"
+    ) as f:  # issue 63: a line nested 100,000 deep (RecursionError), bytes that are not UTF-8, a list
+        f.write(
+            b"\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n\xff\xfe{}\n[1, 2]\n" + json.dumps(recs[2]).encode() + b"\n"
+        )
+    assert read_episodes(path) == [*recs, recs[2]]
 
 
 # -- seats, records --------------------------------------------------------------------------------------------------

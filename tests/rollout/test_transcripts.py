@@ -66,7 +66,9 @@ def test_a_resume_drops_the_uncommitted_iterations(tmp_path) -> None:
     tr.append(tmp_path, recs)
     with open(tmp_path / tr.TRANSCRIPTS_FILE, "a") as f:
         f.write('{"iteration": 5, "sce')  # killed mid-line
-    assert tr.keep_until(tmp_path, 2) == 3  # iterations 3, 4 and the torn line
+    with open(tmp_path / tr.TRANSCRIPTS_FILE, "ab") as f:  # a line nested 100,000 deep, one not UTF-8 (issue 63)
+        f.write(b"\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n\xff\xfe\n")
+    assert tr.keep_until(tmp_path, 2) == 5  # iterations 3, 4, the torn line and the two unreadable ones
     assert tr.read(tmp_path) == recs[:2]
     assert tr.keep_until(tmp_path, 2) == 0
 
