@@ -16,7 +16,9 @@ environment and the copy's code (its ``marti_ibrl`` first on the path, in the Ra
 A mutation is killed when its reference test fails on a recorded value (tests/golden.py's "learned something else
 than recorded", with the values that moved); a test that errors otherwise (the copy broken, a crash) is no kill.
 First, unless ``--no-baseline``, the unmutated copy runs the same references and must pass. Prints one line per run
-and exits 1 when a mutation survives, a baseline fails or a run errors. Minutes: each run is a training run.
+and exits 1 when a mutation survives, a baseline fails or a run errors, 3 when this machine has no learning references
+(tests/golden.py "Machines": the runs are then skips, and no verdict is possible). Minutes: each run is a training
+run.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TEST = "tests/e2e/test_e2e_learning.py::test_learning_reference"
 FAILED_REFERENCE = "learned something else than recorded"  # tests/golden.py's message for a moved value
+NO_REFERENCE = "tests/golden.py, Machines: the references are one machine's; record_golden.py records another's"
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,7 @@ def run_references(copy: Path, paths: tuple[str, ...]) -> tuple[str, list[str], 
     tests = [f"{TEST}[{p}]" for p in paths]
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *tests],
         cwd=copy,
         env=_env(copy),
         capture_output=True,
@@ -142,6 +145,8 @@ def run_references(copy: Path, paths: tuple[str, ...]) -> tuple[str, list[str], 
     )
     seconds = time.perf_counter() - start
     out = done.stdout + done.stderr
+    if done.returncode == 0 and re.search(r"\b\d+ skipped\b", out) and not re.search(r"\b\d+ passed\b", out):
+        return "skipped", re.findall(r"^SKIPPED .*$", out, re.M) or out.strip().splitlines()[-3:], seconds
     if done.returncode == 0:
         return "passed", [], seconds
     moved = re.findall(r"^  (learn_\w+: .*)$", out, re.M)
@@ -181,7 +186,12 @@ def main(argv: list[str] | None = None) -> int:
             check_imports_from(copy)
             line = mutate(copy, m)
             status, lines, seconds = run_references(copy, m.references)
-            verdicts[m.name] = {"failed": "killed", "passed": "SURVIVED", "error": "ERROR (no verdict)"}[status]
+            verdicts[m.name] = {
+                "failed": "killed",
+                "passed": "SURVIVED",
+                "error": "ERROR (no verdict)",
+                "skipped": "no verdict (no reference of this machine)",
+            }[status]
             refs = ", ".join(f"learn_{p}" for p in m.references)
             print(f"{m.name:<8} {m.what} ({m.file}:{line}): {refs} {status}: {verdicts[m.name]} ({seconds:.0f} s)")
             print("\n".join(f"    {line}" for line in lines[:6]), flush=True)
@@ -189,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
     killed = sum(v == "killed" for v in verdicts.values())
+    if verdicts and all(v.startswith("no verdict") for v in verdicts.values()):
+        print(f"mutation_check: no learning reference of this machine ({NO_REFERENCE}): no verdict", flush=True)
+        return 3
     summary = f"{killed} of {len(chosen)} mutations killed by a learning reference"
     if not args.no_baseline:
         summary += f"; the unmutated copy {'FAILED' if baseline_failed else 'passed'}"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from golden import PATHS, RECORD_ENV, REFERENCES, machine  # noqa: E402
+from golden import LEARNING, PATHS, RECORD_ENV, REFERENCES, machine  # noqa: E402
 
 TESTS = {  # the test that checks each path; pytest runs the module fixture (or session fixture) that makes its run
     "hf": "tests/e2e/test_e2e_ibrl.py::test_golden_trajectory",
@@ -28,6 +28,8 @@ TESTS = {  # the test that checks each path; pytest runs the module fixture (or 
     "async1": "tests/e2e/test_e2e_async.py::test_golden_trajectory",
     "lora": "tests/e2e/test_e2e_lora.py::test_golden_trajectory",
     "vllm_zero3": "tests/e2e/test_e2e_tiny_cluster.py::test_golden_trajectory",
+    # the learning references: one test per path, its run made in the test (tests/learning_runs.py)
+    **{p: f"tests/e2e/test_e2e_learning.py::test_learning_reference[{p.removeprefix('learn_')}]" for p in LEARNING},
 }
 
 

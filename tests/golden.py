@@ -35,6 +35,16 @@ references, never a pass. (Until 2026-12-07 a machine without its own was compar
 recording, and CI, moved to machines of another CPU, failed on unchanged code; the development and CI machines since
 are ``f4dcbd57b210``, AMD EPYC with AVX2, whose references are kept.)
 
+**Learning references** (``learn_<path>``, issue 62 item 3). The runs above start from a random model with a toy
+reward (vllm_zero3: DoND's reward, 0 in every iteration), so no deal, no penalised attempt and, for vllm_zero3, no
+non-zero advantage ever enters them: they pin mechanics. ``learn_hf``, ``learn_separate``, ``learn_async1``,
+``learn_lora`` and ``learn_vllm_zero3`` are short runs of those paths from the committed warm start
+``recipes/dond/tiny-sft-vllm/`` with DoND's own reward (``tests/learning_runs.py``, made by
+``tests/e2e/test_e2e_learning.py``). Their references also pin, per iteration, the deals, and per role the penalised
+re-sampled attempts it trained on, its informative advantage groups (``ROLE/informative_groups``), its refused turns
+(``ROLE/attempts_malformed``) and its mean |advantage|, with their totals in ``counts``; a learning reference in
+which no deal, no penalised attempt or no informative group of an update occurred is refused, recorded or read.
+
 Re-recording is one explicit command, which appends the commit and the reason (written by whoever re-records) to
 ``tests/references/CHANGES.md``::
 
@@ -51,10 +61,13 @@ from pathlib import Path
 
 REFERENCES = Path(__file__).parent / "references"
 RECORD_ENV = "IBRL_RECORD_GOLDEN"  # "all" or comma-separated paths: write these references instead of checking them
-PATHS = ("hf", "separate", "colocate_all", "async1", "lora", "vllm_zero3")
+MECHANICS = ("hf", "separate", "colocate_all", "async1", "lora", "vllm_zero3")
+LEARNING = tuple(f"learn_{p}" for p in ("hf", "separate", "async1", "lora", "vllm_zero3"))
+PATHS = MECHANICS + LEARNING
 CI_MACHINE = "f4dcbd57b210"
 """The development and CI machines' fingerprint (AMD EPYC, AVX2): every path has a reference of this machine."""
 TOLERANCE = 1e-9
+COUNTED = ("deals", "penalized", "informative_groups")  # what a learning reference must have seen (> 0 each)
 
 
 @functools.cache
@@ -95,28 +108,66 @@ def reference_file(path: str, here: str) -> Path:
     return own if own.exists() else REFERENCES / f"{path}.json"
 
 
-def trajectory(history: Sequence[Mapping], roles: Sequence[str], digests: Mapping[str, str]) -> dict:
+def trajectory(
+    history: Sequence[Mapping], roles: Sequence[str], digests: Mapping[str, str], learning: bool = False
+) -> dict:
     """What is pinned of a run: per iteration its outcome rates and per role reward, malformed rate and update; the
-    final actor digest per role."""
+    final actor digest per role. ``learning``: also per iteration its dialogues and deals and per role the
+    penalised attempts, informative groups, refused turns and mean |advantage| of its update, and their ``counts``."""
+    iterations = []
+    for m in history:
+        it = {
+            "iteration": int(m["iteration"]),
+            "agreement": m["rollout/agreement"],
+            "malformed": m["rollout/malformed"],
+        }
+        if learning:
+            it["dialogues"] = int(m["rollout/dialogues"])
+            it["deals"] = round(m["rollout/agreement"] * m["rollout/dialogues"])
+        for r in roles:
+            it[r] = {"reward": m[f"{r}/reward"], "malformed": m[f"{r}/malformed"], "updated": bool(m[f"{r}/updated"])}
+            if learning:
+                it[r].update(_learning_values(m, r))
+        iterations.append(it)
+    out = {"iterations": iterations, "digests": dict(digests)}
+    if learning:
+        out["counts"] = counts(iterations, roles)
+    return out
+
+
+def _learning_values(m: Mapping, role: str) -> dict:
+    """A role's learning signal in one iteration: what its update (if it updated) was made of."""
+    updated = bool(m[f"{role}/updated"])
     return {
-        "iterations": [
-            {
-                "iteration": int(m["iteration"]),
-                "agreement": m["rollout/agreement"],
-                "malformed": m["rollout/malformed"],
-                **{
-                    r: {
-                        "reward": m[f"{r}/reward"],
-                        "malformed": m[f"{r}/malformed"],
-                        "updated": bool(m[f"{r}/updated"]),
-                    }
-                    for r in roles
-                },
-            }
-            for m in history
-        ],
-        "digests": dict(digests),
+        "penalized": int(m[f"{role}/samples_penalized"]) if updated else 0,  # re-sampled attempts trained on, R = -1
+        "informative_groups": int(m[f"{role}/informative_groups"]) if updated else 0,  # groups with Â != 0
+        "groups": int(m[f"{role}/groups"]),
+        "attempts_malformed": m[f"{role}/attempts_malformed"],
+        "adv_abs_mean": m.get(f"{role}/adv_abs_mean", 0.0) if updated else 0.0,
     }
+
+
+def counts(iterations: Sequence[Mapping], roles: Sequence[str]) -> dict:
+    """A learning run's totals: deals over all dialogues; per role the penalised attempts and the informative
+    advantage groups in its updates."""
+    return {
+        "deals": sum(it["deals"] for it in iterations),
+        "dialogues": sum(it["dialogues"] for it in iterations),
+        "penalized": {r: sum(it[r]["penalized"] for it in iterations) for r in roles},
+        "informative_groups": {r: sum(it[r]["informative_groups"] for it in iterations) for r in roles},
+    }
+
+
+def unlearned(path: str, reference: Mapping) -> list[str]:
+    """Why a learning reference pins no learning: each of :data:`COUNTED` that never occurred in its run (a deal,
+    a penalised attempt in an update, an informative group in an update), one line each; [] for a learning one."""
+    c = reference["counts"]
+    totals = {"deals": c["deals"], **{k: sum(c[k].values()) for k in COUNTED[1:]}}
+    return [
+        f"{path}: no {k.replace('_', ' ')} in its {len(reference['iterations'])} iterations"
+        for k in COUNTED
+        if not totals[k]
+    ]
 
 
 def _recording(path: str) -> bool:
@@ -131,30 +182,46 @@ def differences(path: str, want: dict, got: dict) -> list[str]:
         out.append(f"{path}: {len(got['iterations'])} iterations, recorded {len(want['iterations'])}")
     for w, g in zip(want["iterations"], got["iterations"]):
         k = w["iteration"]
-        for key in ("agreement", "malformed"):
-            if abs(w[key] - g[key]) > TOLERANCE:
-                out.append(f"{path}: iteration {k}: {key} {g[key]:.6g}, recorded {w[key]:.6g}")
-        for role in sorted(set(w) - {"iteration", "agreement", "malformed"}):
+        for key in [key for key, value in w.items() if key != "iteration" and not isinstance(value, dict)]:
+            if not _same(w[key], g.get(key)):
+                out.append(f"{path}: iteration {k}: {key} {_show(g.get(key))}, recorded {_show(w[key])}")
+        for role in sorted(key for key, value in w.items() if isinstance(value, dict)):
             for key, value in w[role].items():
                 new = g.get(role, {}).get(key)
-                same = new == value if isinstance(value, bool) else new is not None and abs(new - value) <= TOLERANCE
-                if not same:
+                if not _same(value, new):
                     out.append(f"{path}: iteration {k}: {role} {key} {new}, recorded {value}")
     for role, digest in want["digests"].items():
         if got["digests"].get(role) != digest:
             out.append(f"{path}: {role}'s final weights digest {got['digests'].get(role)}, recorded {digest}")
+    if "counts" in want and got.get("counts") != want["counts"]:
+        out.append(f"{path}: counts {got.get('counts')}, recorded {want['counts']}")
     return out
 
 
+def _same(want, got) -> bool:
+    """Flags and counts exactly; rates, rewards and advantages within :data:`TOLERANCE`."""
+    if isinstance(want, bool | int) or isinstance(got, bool):
+        return type(got) is type(want) and got == want
+    return isinstance(got, int | float) and abs(got - want) <= TOLERANCE
+
+
+def _show(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 def check(path: str, history: Sequence[Mapping], roles: Sequence[str], digests: Mapping[str, str]) -> None:
-    """Compare the run of ``path`` with ``tests/references/PATH.json`` (or write it when recording: ``RECORD_ENV``)."""
+    """Compare the run of ``path`` with ``tests/references/PATH.json`` (or write it when recording: ``RECORD_ENV``);
+    a learning path's reference must pin learning (:func:`unlearned`), when written and when read."""
     import pytest
 
     assert path in PATHS, path
     here = machine()
-    got = json.loads(json.dumps(trajectory(history, roles, digests)))  # as the file holds it
+    learning = path in LEARNING
+    got = json.loads(json.dumps(trajectory(history, roles, digests, learning)))  # as the file holds it
     file = reference_file(path, here)
     if _recording(path):
+        if learning and unlearned(path, got):  # a learning reference that pins no learning is not written
+            pytest.fail("\n".join(unlearned(path, got)) + ": change its run (tests/learning_runs.py)", pytrace=False)
         first = REFERENCES / f"{path}.json"  # the first recording's machine, or (no fingerprint) the original one
         mine = not first.exists() or json.loads(first.read_text()).get("machine") == here
         file = first if mine else REFERENCES / f"{path}@{here}.json"  # another machine's reference stays as it is
@@ -173,6 +240,8 @@ def check(path: str, history: Sequence[Mapping], roles: Sequence[str], digests: 
             f"differently: the exact comparison would test the CPU, not the code); record this machine's with "
             f'python scripts/record_golden.py --why "..." {path}'
         )
+    if learning and unlearned(path, want):
+        pytest.fail("\n".join(unlearned(path, want)) + f" (tests/references/{file.name})", pytrace=False)
     diff = differences(path, want, got)
     if diff:
         pytest.fail(
