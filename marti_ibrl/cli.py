@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from marti_ibrl import stopping
+
 DESCRIPTION = "IB-RL: two LLM policies trained together, each with its own reward, groups, optimizer and pools."
 
 
@@ -50,6 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+STOPPED_ANY = "what it finished is kept"
+STOPPED = {  # what a command stopped by SIGTERM kept, and how to go on
+    "train": "every committed iteration is kept: resume with the same flags and --ckpt.load_enable true",
+    "demo": "every committed iteration is kept: `make demo` again starts over in its own directory",
+    "eval": "every finished episode is kept: the same command with the same --out continues",
+    "play": "every finished game is kept in its database",
+    "annotate": "every label is kept in its database",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     from marti_ibrl import quiet
 
@@ -63,7 +75,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
-    return int(args.func(args) or 0)
+    stopping.install()  # SIGTERM: the command's own cleanup, then one line and exit 4
+    try:
+        return int(args.func(args) or 0)
+    except stopping.Terminated:
+        sys.stdout.flush()  # what the command printed comes first (a file's buffer would follow the line otherwise)
+        print(f"marti-ibrl {args.command}: stopped by SIGTERM; {STOPPED.get(args.command, STOPPED_ANY)}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return stopping.EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import os
 
 import ray
 
+from marti_ibrl import stopping
 from marti_ibrl.cluster.placement import device_slots
 from marti_ibrl.config import Config, ConfigError
 from marti_ibrl.config.schema import RayConfig
@@ -27,7 +28,7 @@ def init_ray(cfg: Config, device: str) -> None:
 
 
 class RayStartTimeout(RuntimeError):
-    """A local Ray did not start within its bound, twice."""
+    """A local Ray did not start, every try (:func:`bounded_start`): past its bound, or given up on by Ray itself."""
 
 
 def _kill_started_since(started: float) -> list[str]:
@@ -46,11 +47,14 @@ def _kill_started_since(started: float) -> list[str]:
 
 
 def bounded_start(init, limit: float, tries: int = 2) -> None:
-    """Call ``init`` (a local ``ray.init``) at most ``tries`` times, each bounded by ``limit`` seconds: past it, a
-    watchdog thread sends the main thread SIGINT (Python's handler: a KeyboardInterrupt, which wakes a call blocked in Ray's C++), the processes
-    that start left are killed and Ray is shut down; after the last try, :class:`RayStartTimeout` says so in one
-    line. A Ctrl-C of the user's own is a Ctrl-C. Off the main thread (where nothing can interrupt it) ``init`` runs
-    unbounded."""
+    """Call ``init`` (a local ``ray.init``) at most ``tries`` times. Each try is bounded by ``limit`` seconds: past it,
+    a watchdog thread sends the main thread SIGINT (Python's handler: a KeyboardInterrupt, which wakes a call blocked
+    in Ray's C++). A try that hangs so, or that Ray gives up itself ("The current node timed out during startup ...
+    the GCS has become overloaded": ``ray.init`` waits a fixed 30 s for its raylet to register, which took 22 s
+    just to start on 2 cores under a load of 30, 2026-12-07), has the processes it started
+    killed and Ray shut down, and the next try starts afresh; after the last, :class:`RayStartTimeout` says what
+    happened in one line. A Ctrl-C of the user's own is a Ctrl-C. Off the main thread (where nothing can interrupt
+    it) ``init`` runs once, unbounded."""
     import signal
     import threading
     import time
@@ -58,8 +62,9 @@ def bounded_start(init, limit: float, tries: int = 2) -> None:
     from marti_ibrl.cluster.nodes import _python_handles_sigint
 
     if threading.current_thread() is not threading.main_thread():
-        init()
+        init()  # (off the main thread Ray installs no SIGTERM handler either)
         return
+    why = ""
     for attempt in range(1, tries + 1):
         started, done, fired = time.time(), threading.Event(), threading.Event()
 
@@ -73,7 +78,8 @@ def bounded_start(init, limit: float, tries: int = 2) -> None:
         watchdog.start()
         try:
             try:
-                init()
+                with stopping.kept():  # ray.init installs its own SIGTERM handler (marti_ibrl/stopping.py)
+                    init()
             finally:
                 done.set()
                 watchdog.join()
@@ -81,6 +87,12 @@ def bounded_start(init, limit: float, tries: int = 2) -> None:
         except KeyboardInterrupt:
             if not fired.is_set():
                 raise
+            why = f"did not start in {limit:g} s"
+        except Exception as e:  # Ray gave up on its own start (its node's registration timed out)
+            if fired.is_set():
+                why = f"did not start in {limit:g} s"
+            else:
+                why = "failed to start (" + " ".join(f"{type(e).__name__}: {e}".split())[:200] + ")"
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
@@ -88,13 +100,13 @@ def bounded_start(init, limit: float, tries: int = 2) -> None:
         with contextlib.suppress(Exception):
             ray.shutdown()
         print(
-            f"marti-ibrl: a local Ray did not start in {limit:g} s (try {attempt} of {tries}); stopped "
-            f"{len(killed)} process(es) it started" + ("; starting it again" if attempt < tries else ""),
+            f"marti-ibrl: a local Ray {why} (try {attempt} of {tries}); stopped {len(killed)} process(es) it started"
+            + ("; starting it again" if attempt < tries else ""),
             flush=True,
         )
     raise RayStartTimeout(
-        f"a local Ray did not start in {limit:g} s, {tries} times (its GCS did not answer for the node it started); "
-        "its session logs are under /tmp/ray/session_latest/logs; give it longer with --ray.start_timeout SECONDS"
+        f"a local Ray {why}, {tries} times; its session logs are under /tmp/ray/session_latest/logs; give it longer "
+        "with --ray.start_timeout SECONDS, or start it on a less busy machine"
     )
 
 
@@ -159,7 +171,8 @@ def start_ray(
         # GPU code, unchanged. Processes share the cores, one thread each (on a Ray cluster too).
         env_vars["OMP_NUM_THREADS"] = "1"
     if address:
-        ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=log_to_driver)
+        with stopping.kept():  # ray.init installs its own SIGTERM handler (marti_ibrl/stopping.py)
+            ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=log_to_driver)
         have = ray.cluster_resources().get("GPU", 0)
         if have < slots:  # on CPU the slots are logical GPUs the cluster's nodes declare (ray start --num-gpus)
             ray.shutdown()

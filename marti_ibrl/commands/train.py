@@ -25,12 +25,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         return fail(e)
     from marti_ibrl.backend.cluster import RayStartTimeout
     from marti_ibrl.cluster.nodes import NodeLostError
+    from marti_ibrl.envs.custom import UserCodeError
     from marti_ibrl.trainer import TrainingStopped, train
 
     try:
         history = train(cfg)  # the trainer's own checks (prompts that fit --rollout.max_len) come before Ray starts
     except ConfigError as e:
         return fail(e)
+    except UserCodeError as e:  # an environment of your own broke its contract mid-run: the last commit is intact
+        print(f"marti-ibrl train: error: {e}; nothing of this iteration was committed", file=sys.stderr)
+        return 2
     except (NodeLostError, RayStartTimeout) as e:  # the cluster lost a node, or Ray hung starting: resumable
         print(f"marti-ibrl train: error: {e}", file=sys.stderr)
         return 3

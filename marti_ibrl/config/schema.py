@@ -120,6 +120,10 @@ class EnvConfig:
     zero-sum, also in the prisoner's dilemma and the negotiation, which it scores by who gained more); ``own``: the
     player's own score where the game keeps one (the prisoner's dilemma's points, the negotiation's gain in inventory
     value; not zero-sum). Other environments: ``outcome`` only."""
+    step_errors: str = "stop"
+    """An environment of your own (``module:Class``) whose ``step`` raises: ``stop`` ends the run at its last commit
+    with one line naming your method and the exception (a raising ``step`` is the code's bug, not the policy's);
+    ``malformed`` scores that turn malformed and plays on, as the built-in environments' parsers do."""
 
 
 @dataclass

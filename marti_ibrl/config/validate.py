@@ -31,8 +31,12 @@ from marti_ibrl.rewards import JUDGE, RULE, load_reward_fn, reward_spec
 def env_spec(env_name: str):
     """The :class:`~marti_ibrl.envs.registry.EnvSpec` of ``--env.name`` (marti_ibrl/envs/registry.py); an unknown
     name, or a ``module:Class`` that does not load, is a :class:`ConfigError` naming the flag."""
+    from marti_ibrl.envs.custom import UserCodeError
+
     try:
         return registry.get(env_name)
+    except UserCodeError as e:  # it names --env.name itself
+        raise ConfigError(str(e)) from None
     except (ValueError, ImportError, AttributeError, TypeError) as e:
         raise ConfigError(f"--env.name: {e}") from None
 
@@ -460,5 +464,7 @@ def validate_start(cfg: Config) -> None:
         raise ConfigError("--ckpt.overwrite: contradicts --ckpt.load_enable (resume the run, or start over: not both)")
     if not cfg.ray.connect_timeout > 0:
         raise ConfigError(f"--ray.connect_timeout: must be > 0 seconds, got {cfg.ray.connect_timeout}")
+    if cfg.env.step_errors not in ("stop", "malformed"):
+        raise ConfigError(f"--env.step_errors: stop or malformed, got {cfg.env.step_errors!r}")
     if not cfg.ray.start_timeout > 0:
         raise ConfigError(f"--ray.start_timeout: must be > 0 seconds, got {cfg.ray.start_timeout}")

@@ -28,12 +28,46 @@ from marti_ibrl.envs.spec import EnvSpec
 REQUIRED = ("system_prompt", "new_state", "current_role", "step", "finish_malformed", "abort", "outcome", "reward")
 
 
+PROBE_TEXT = "Hello."
+"""The turn :func:`make_custom_env` offers ``step`` once at start-up, on a fresh state of the first scenario: any
+text is a turn the contract answers (a ``TurnResult``, valid or not)."""
+
+
+class UserCodeError(ValueError):
+    """An environment of your own broke its contract (:class:`CheckedEnv`): one line naming its ``module:Class``, the
+    method, the exception and where in your file it was raised."""
+
+
+def _where(e: BaseException) -> str:
+    """Where ``e`` was raised: its innermost frame's ``file:line`` (a SyntaxError's own file and line)."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}"
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "?"
+
+
+def _raised(spec: str, what: str, e: BaseException) -> UserCodeError:
+    detail = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    return UserCodeError(f"--env.name {spec}: {what} raised {detail} ({_where(e)})")
+
+
 def load_env_class(spec: str) -> type:
-    """Import ``module:Class`` and check it has ``roles`` and the methods the runner and trainer call."""
+    """Import ``module:Class`` and check it has ``roles`` and the methods the runner and trainer call; a module that
+    does not import (a SyntaxError, an exception in its body) is one :class:`UserCodeError` naming file and line."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ImportError(f"expected module:Class, got {spec!r}")
-    cls = getattr(importlib.import_module(module_name), attr)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name.split(".")[0] and e.name != module_name:
+            raise _raised(spec, f"importing {module_name}", e) from None  # a module *it* imports is missing
+        raise
+    except Exception as e:  # a SyntaxError, anything its body raises: the user's code, said as such
+        raise _raised(spec, f"importing {module_name}", e) from None
+    cls = getattr(module, attr)
     roles = getattr(cls, "roles", None)
     if not isinstance(roles, (tuple, list)) or len(roles) < 2 or not all(isinstance(r, str) for r in roles):
         raise TypeError(f"{spec}: needs a class attribute `roles`, a tuple of at least two role names")
@@ -48,10 +82,113 @@ def custom_spec(name: str) -> EnvSpec:
     return EnvSpec(name=name, roles=tuple(load_env_class(name).roles), factory=make_custom_env)
 
 
+class CheckedEnv:
+    """A user's environment behind its contract: every call the runner and trainer make is forwarded, and one that
+    raises, or returns what the contract does not allow (``step`` something other than a ``TurnResult``,
+    ``current_role`` a name not in ``roles``, ``system_prompt`` a non-string, ``outcome`` no ``Outcome``), is a
+    :class:`UserCodeError` naming ``module:Class.method``. With ``--env.step_errors malformed`` an exception inside
+    ``step`` passes through to the runner, which scores the turn malformed, as for the built-in environments."""
+
+    def __init__(self, env: Any, spec: str, step_errors: str = "stop"):
+        self._env, self._spec, self._step_errors = env, spec, step_errors
+        self.roles = tuple(env.roles)
+
+    def __getattr__(self, name: str) -> Any:  # optional hooks (counterpart_text, fixed_seats, ...) and attributes
+        if name.startswith("__") or name in ("_env", "_spec", "_step_errors"):  # (a copy or unpickling: not set yet)
+            raise AttributeError(name)
+        return getattr(self._env, name)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self._env, method)(*args)
+        except UserCodeError:
+            raise
+        except Exception as e:
+            if method == "step" and self._step_errors == "malformed":
+                raise
+            raise _raised(self._spec, f"{method}()", e) from None
+
+    def _wrong(self, method: str, got: Any, want: str) -> UserCodeError:
+        return UserCodeError(
+            f"--env.name {self._spec}: {method}() returned {type(got).__name__} {got!r:.80}, not {want}"
+        )
+
+    def system_prompt(self, scenario: Any, role: str) -> str:
+        out = self._call("system_prompt", scenario, role)
+        if not isinstance(out, str):
+            raise self._wrong("system_prompt", out, "a str")
+        return out
+
+    def new_state(self, scenario: Any, seats: Any) -> Any:
+        return self._call("new_state", scenario, seats)
+
+    def current_role(self, state: Any) -> str:
+        out = self._call("current_role", state)
+        if out not in self.roles:
+            raise self._wrong("current_role", out, f"one of its roles {list(self.roles)}")
+        return out
+
+    def step(self, state: Any, role: str, text: str) -> Any:
+        from marti_ibrl.envs.base import TurnResult
+
+        out = self._call("step", state, role, text)
+        if not isinstance(out, TurnResult):
+            raise self._wrong("step", out, "a marti_ibrl.envs.base.TurnResult")
+        return out
+
+    def finish_malformed(self, state: Any, role: str) -> None:
+        self._call("finish_malformed", state, role)
+
+    def abort(self, state: Any, reason: str) -> None:
+        self._call("abort", state, reason)
+
+    def outcome(self, state: Any) -> Any:
+        from marti_ibrl.envs.base import Outcome
+
+        out = self._call("outcome", state)
+        if not isinstance(out, Outcome):
+            raise self._wrong("outcome", out, "a marti_ibrl.envs.base.Outcome")
+        return out
+
+    def reward(self, state: Any, role: str) -> float:
+        out = self._call("reward", state, role)
+        if isinstance(out, bool) or not isinstance(out, int | float):
+            raise self._wrong("reward", out, "a number")
+        return out
+
+
 def make_custom_env(cfg: Any, seed: int) -> tuple[Any, list[tuple[str, Any]]]:
-    """The environment ``cfg.name`` built from the env config, and its training scenarios for ``seed``."""
-    env = load_env_class(cfg.name)(cfg)
-    scenarios = list(env.training_scenarios(seed))
+    """The environment ``cfg.name`` built from the env config (behind :class:`CheckedEnv`), and its training
+    scenarios for ``seed``, checked at once: constructed, scenarios drawn, and the first scenario's opening played
+    (``new_state``, ``current_role``, ``system_prompt`` of every role, one ``step`` of :data:`PROBE_TEXT` on a fresh
+    state), so a broken contract is one line before anything starts (:class:`UserCodeError`)."""
+    spec = cfg.name
+    cls = load_env_class(spec)
+    try:
+        raw = cls(cfg)
+    except Exception as e:
+        raise _raised(spec, "__init__()", e) from None
+    env = CheckedEnv(raw, spec, getattr(cfg, "step_errors", "stop"))
+    try:
+        scenarios = list(raw.training_scenarios(seed))
+    except Exception as e:
+        raise _raised(spec, f"training_scenarios({seed})", e) from None
     if not scenarios:
-        raise ValueError(f"{cfg.name}: training_scenarios({seed}) returned no scenarios")
+        raise UserCodeError(f"--env.name {spec}: training_scenarios({seed}) returned no scenarios")
+    bad = next((s for s in scenarios if not (isinstance(s, tuple | list) and len(s) == 2)), None)
+    if bad is not None:
+        raise UserCodeError(
+            f"--env.name {spec}: training_scenarios({seed}) holds {bad!r:.80}, not a (uid, scenario) pair"
+        )
+    scenario = scenarios[0][1]
+    for role in env.roles:
+        env.system_prompt(scenario, role)
+    state = env.new_state(scenario, list(env.roles))
+    first = env.current_role(state)
+    try:
+        env.step(state, first, PROBE_TEXT)
+    except UserCodeError:
+        raise
+    except Exception:  # --env.step_errors malformed: a raising step is a malformed turn, in training as here
+        pass
     return env, scenarios

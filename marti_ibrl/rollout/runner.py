@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from marti_ibrl.envs.base import DialogueEnv, TurnResult, shown_after
+from marti_ibrl.envs.custom import UserCodeError
 from marti_ibrl.progress import bar as progress_bar
 from marti_ibrl.reward_types import RewardUnavailable, score
 from marti_ibrl.rollout.dialogue import Attempt, Trajectory, Turn
@@ -390,6 +391,8 @@ class DialogueRunner:
         the state: they parse the whole turn first.)"""
         try:
             return self.env.step(traj.state, role, text)
+        except UserCodeError:  # an environment of your own that raised (--env.step_errors stop): the code's fault
+            raise
         except Exception as e:  # whatever a reply does to a parser, it is that turn's fault
             if type(e) not in self._unreadable:
                 self._unreadable.add(type(e))

@@ -139,8 +139,12 @@ def warn_malformed_jump(k: int, before: dict | None, now: dict, lr_flags: dict[s
 def training_scenarios(cfg: Config) -> tuple:
     """The environment and its training scenarios; a ConfigError naming ``--env.data`` (or ``--env.num_scenarios``)
     when the scenario file does not parse or there is nothing to train on."""
+    from marti_ibrl.envs.custom import UserCodeError
+
     try:
         env, scenarios = make_env(cfg.env, cfg.train.seed)
+    except UserCodeError as e:  # an environment of your own that broke its contract: one line, before Ray
+        raise ConfigError(str(e)) from None
     except ValueError as e:  # the env's loaders name the file and line (UnicodeDecodeError: a binary file)
         if cfg.env.data is None:
             raise

@@ -72,3 +72,19 @@ def test_processes_older_than_the_start_are_left_alone():
     finally:
         older.kill()
         older.wait()
+
+
+def test_a_start_ray_gives_up_on_itself_is_started_again(capsys):
+    """Ray's own "The current node timed out during startup" (its 30 s; seen under a load of 30 on 2 cores)."""
+    calls = []
+
+    def gives_up_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise Exception("The current node timed out during startup. This could happen because ...")
+
+    bounded_start(gives_up_once, 5.0)
+    assert len(calls) == 2
+    assert "failed to start (Exception: The current node timed out during startup." in capsys.readouterr().out
+    with pytest.raises(RayStartTimeout, match=r"failed to start \(RuntimeError: raylet died\), 2 times"):
+        bounded_start(lambda: (_ for _ in ()).throw(RuntimeError("raylet died")), 5.0)

@@ -12,7 +12,7 @@ from pathlib import Path
 import golden
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # three training runs, one after another
 ROOT = Path(__file__).resolve().parents[2]
 
 

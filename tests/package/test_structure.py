@@ -66,6 +66,7 @@ LAYERS = [
         "marti_ibrl.outputs",
         "marti_ibrl.checkpoints",
         "marti_ibrl.progress",
+        "marti_ibrl.stopping",
     ],
 ]
 """The package's layers, top to bottom: a module is in the layer of its longest listed prefix, and imports only from
