@@ -92,6 +92,26 @@ def context_full(view: RoleView, max_new_tokens: int, max_len: int) -> bool:
     return len(view.generation_prompt()) + max_new_tokens > max_len
 
 
+PROMPT_CHARS_PER_TOKEN = 32
+"""No tokenizer here averages more characters a token over a prompt (SmolLM2's, Qwen's and the tiny models' take 3-5
+for English text): a system prompt longer than this many characters per ``max_len`` token cannot fit and is refused
+without tokenizing it (:func:`first_turns_overflowing`; a 10 MB prompt took 124 s to tokenize, issue 63)."""
+
+
+def overlong_system_prompts(
+    env: DialogueEnv, scenarios: Sequence[tuple[str, Any]], roles: Sequence[str], max_len: int
+) -> list[tuple[str, str, int]]:
+    """(uid, role, characters) of every system prompt of ``roles`` (those an engine-served policy may play) longer
+    than :data:`PROMPT_CHARS_PER_TOKEN` × ``max_len`` characters: too long for any tokenizer, found without one."""
+    out = []
+    for uid, scenario in scenarios:
+        for role in roles:
+            text = env.system_prompt(scenario, role)
+            if len(text) > PROMPT_CHARS_PER_TOKEN * max_len:
+                out.append((uid, role, len(text)))
+    return out
+
+
 def first_turns_overflowing(
     env: DialogueEnv,
     scenarios: Sequence[tuple[str, Any]],
@@ -101,12 +121,16 @@ def first_turns_overflowing(
 ) -> list[tuple[str, str, int]]:
     """(uid, role, prompt tokens) of every first prompt that breaks :func:`context_full`: each scenario's system
     prompt of each role, rendered with each of the role's tokenizers (the engine-served policies that may take its
-    seat; a text player has none), before any turn. Any seat can open (seats rotate), so every role is checked."""
+    seat; a text player has none), before any turn. Any seat can open (seats rotate), so every role is checked.
+    Prompts :func:`overlong_system_prompts` finds are not tokenized (they are that function's to report)."""
     out = []
     for uid, scenario in scenarios:
         for role in env.roles:
+            text = env.system_prompt(scenario, role)
+            if len(text) > PROMPT_CHARS_PER_TOKEN * max_len:
+                continue
             for tok in tokenizers.get(role, ()):
-                view = RoleView(tok, env.system_prompt(scenario, role))
+                view = RoleView(tok, text)
                 if context_full(view, max_new_tokens, max_len):
                     out.append((uid, role, len(view.generation_prompt())))
     return out

@@ -18,7 +18,7 @@ from marti_ibrl.cluster.placement import frozen_checkpoints
 from marti_ibrl.config import Config, ConfigError
 from marti_ibrl.envs import make_env
 from marti_ibrl.rollout.dialogue import Trajectory
-from marti_ibrl.rollout.runner import first_turns_overflowing
+from marti_ibrl.rollout.runner import PROMPT_CHARS_PER_TOKEN, first_turns_overflowing, overlong_system_prompts
 
 SYNC_CHECKS_FILE = "sync_checks.jsonl"  # --train.check_sync
 
@@ -175,6 +175,14 @@ def check_first_turns_fit(cfg: Config, env, scenarios: Sequence[tuple[str, objec
     loaded = {p: checkpoint_tokenizer(p, flags[p]) for p in {p for ps in paths.values() for p in ps}}
     tokenizers = {role: [loaded[p] for p in ps] for role, ps in paths.items()}
     max_new, max_len = cfg.rollout.max_new_tokens, cfg.rollout.max_len
+    served = [role for role, toks in tokenizers.items() if toks]
+    if huge := overlong_system_prompts(env, scenarios[:PROMPT_CHECK_SCENARIOS], served, max_len):
+        uid, role, n = max(huge, key=lambda x: x[2])
+        raise ConfigError(
+            f"--env.name {cfg.env.name}: {role}'s system prompt for scenario {uid} is {n:,} characters, more than "
+            f"{PROMPT_CHARS_PER_TOKEN} per token of --rollout.max_len {max_len} ({PROMPT_CHARS_PER_TOKEN * max_len:,}): "
+            "it cannot fit and was not tokenized; shorten the prompt (or raise --rollout.max_len)"
+        )
     over = first_turns_overflowing(env, scenarios[:PROMPT_CHECK_SCENARIOS], tokenizers, max_new, max_len)
     if over:
         uid, role, n = max(over, key=lambda x: x[2])

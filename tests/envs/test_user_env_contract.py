@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,11 @@ BROKEN = {
         r"current_role\(\) returned str 'auctioneer', not one of its roles \['buyer', 'seller'\]",
     ),
     "syntax": (None, r"importing syntax raised SyntaxError: .* \(.*syntax\.py:3\)"),
+    "huge_prompt": (  # before: 124 s to tokenize one, the check making no progress in 600 s and ignoring SIGTERM
+        "PriceNegotiation.system_prompt = lambda self, scenario, role: 'x' * 10_000_000\n",
+        r"buyer's system prompt for scenario \S+ is 10,000,000 characters, more than 32 per token of "
+        r"--rollout.max_len 2048 \(65,536\): it cannot fit and was not tokenized",
+    ),
 }
 
 
@@ -69,7 +75,9 @@ def test_a_broken_contract_is_one_line_before_anything_starts(tmp_path, monkeypa
     spec = _module(tmp_path, monkeypatch, name, patch or "", body)
     run = tmp_path / "run"
     flags = ["--env.name", spec, "--role1.pretrain", MODEL, "--role2.pretrain", MODEL, "--train.device", "cpu"]
+    t0 = time.monotonic()
     assert main(["train", *flags, "--ckpt.path", str(run)]) == 2
+    assert time.monotonic() - t0 < 60
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"marti-ibrl train: error: --env.name {spec}: "), err
