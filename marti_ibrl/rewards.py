@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from typing import Any
 
 from marti_ibrl.reward_types import JUDGE, RULE, RewardFn, RewardUnavailable
@@ -61,10 +62,20 @@ def reward_spec(env_name: str, role) -> str:
 
 def load_reward_fn(spec: str) -> RewardFn:
     """Import ``module:function`` and check it takes (trajectory, role, scenario)."""
+    from marti_ibrl.envs.custom import described
+
     module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ImportError(f"expected module:function, got {spec!r}")
-    fn = getattr(importlib.import_module(module_name), attr)
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module_name) or not re.fullmatch(r"[A-Za-z_]\w*", attr):
+        raise ImportError(f"expected module:function (Python names), got {spec!r}")  # refused by form, not imported
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name not in (module_name, module_name.split(".")[0]):
+            raise ImportError(f"{spec}: importing {module_name} raised {described(e)}") from None
+        raise
+    except Exception as e:  # a SyntaxError, anything its body raises: the user's code, said as such
+        raise ImportError(f"{spec}: importing {module_name} raised {described(e)}") from None
+    fn = getattr(module, attr)
     if not callable(fn):
         raise TypeError(f"{spec} is not callable")
     try:

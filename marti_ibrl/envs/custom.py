@@ -21,6 +21,8 @@ built-in environments.
 from __future__ import annotations
 
 import importlib
+import re
+from pathlib import Path
 from typing import Any
 
 from marti_ibrl.envs.spec import EnvSpec
@@ -39,26 +41,43 @@ class UserCodeError(ValueError):
 
 
 def _where(e: BaseException) -> str:
-    """Where ``e`` was raised: its innermost frame's ``file:line`` (a SyntaxError's own file and line)."""
+    """Where in the user's code ``e`` was raised: the innermost frame outside Python's own library, installed packages
+    and this package (``file:line``; the innermost of all where every frame is theirs); a SyntaxError's own file and
+    line."""
+    import sysconfig
+
     if isinstance(e, SyntaxError) and e.filename:
         return f"{e.filename}:{e.lineno}"
+    theirs = tuple(
+        {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+        | {str(Path(__file__).resolve().parents[1])}
+    )
+    frames = []
     tb = e.__traceback__
-    while tb is not None and tb.tb_next is not None:
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
         tb = tb.tb_next
-    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "?"
+    own = [f for f in frames if not f[0].startswith("<") and not str(Path(f[0]).resolve()).startswith(theirs)]
+    file, line = (own or frames or [("?", 0)])[-1]
+    return f"{file}:{line}"
+
+
+def described(e: BaseException) -> str:
+    """An exception of a user's code in one line: its type, message (whitespace folded, at most 300 characters) and
+    where it was raised (``file:line``)."""
+    return " ".join(f"{type(e).__name__}: {e}".split())[:300] + f" ({_where(e)})"
 
 
 def _raised(spec: str, what: str, e: BaseException) -> UserCodeError:
-    detail = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-    return UserCodeError(f"--env.name {spec}: {what} raised {detail} ({_where(e)})")
+    return UserCodeError(f"--env.name {spec}: {what} raised {described(e)}")
 
 
 def load_env_class(spec: str) -> type:
     """Import ``module:Class`` and check it has ``roles`` and the methods the runner and trainer call; a module that
     does not import (a SyntaxError, an exception in its body) is one :class:`UserCodeError` naming file and line."""
     module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ImportError(f"expected module:Class, got {spec!r}")
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module_name) or not re.fullmatch(r"[A-Za-z_]\w*", attr):
+        raise ImportError(f"expected module:Class (Python names), got {spec!r}")  # refused by form, not imported
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:

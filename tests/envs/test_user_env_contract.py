@@ -129,3 +129,37 @@ def test_the_checked_env_pickles_and_copies(monkeypatch) -> None:
     env, _ = make_env(EnvConfig(name="price_negotiation:PriceNegotiation", num_scenarios=1), 1)
     for other in (pickle.loads(pickle.dumps(env)), copy.deepcopy(env)):
         assert isinstance(other, CheckedEnv) and other.roles == env.roles and other.max_turns == env.max_turns
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--env.name", "examples/my-env.py:Haggle", r"--env.name: expected module:Class \(Python names\), got"),
+        ("--role1.reward_fn", "my rewards:score", r"--role1.reward_fn: expected module:function \(Python names\)"),
+        (
+            "--role1.reward_fn",
+            "bad_reward:score",
+            r"bad_reward:score: importing bad_reward raised SyntaxError: .*bad_reward\.py:1\)",
+        ),
+        (
+            "--role1.reward_fn",
+            "body_raises:score",
+            r"importing body_raises raised KeyError: 'API_KEY' \(.*body_raises\.py:2\)",
+        ),
+    ],
+)
+def test_a_users_reward_or_env_name_is_checked_by_form_and_its_import_is_one_line(
+    tmp_path, monkeypatch, capsys, flag, value, said
+) -> None:
+    (tmp_path / "bad_reward.py").write_text("def score(traj, role, scenario) return 1\n")
+    (tmp_path / "body_raises.py").write_text("import os\nKEY = os.environ['API_KEY']\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("API_KEY", raising=False)
+    for name in ("bad_reward", "body_raises"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    run = tmp_path / "run"
+    flags = [flag, value, "--role1.pretrain", MODEL, "--role2.pretrain", MODEL, "--train.device", "cpu"]
+    assert main(["train", *flags, "--ckpt.path", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and __import__("re").search(said, err), err
+    assert not run.exists()
