@@ -8,7 +8,7 @@ from pathlib import Path
 
 from marti_ibrl.commands.argtypes import MAX_SCENARIOS, int_range
 from marti_ibrl.eval import diagnose as diagnostics
-from marti_ibrl.eval.diagnose import diagnose, run_config
+from marti_ibrl.eval.diagnose import checked_checkpoints, diagnose, run_config
 
 
 def add_diagnose_parser(subparsers) -> argparse.ArgumentParser:
@@ -41,6 +41,7 @@ def cmd_diagnose(args) -> int:
         from marti_ibrl.cluster.device import resolve_device
 
         device = resolve_device(args.device, "--device")
+        checked_checkpoints(run_dir, args.role)  # before Ray: a missing or truncated checkpoint is one line now
         start_ray(3, device, log_to_driver=False)  # at most: the checkpoint, the fixed and the in-system counterpart
         cfg = run_config(run_dir)
         engines = FrozenEngines(device, 1, args.seed, cfg.rollout.max_len, gpu_memory_utilization=0.3)

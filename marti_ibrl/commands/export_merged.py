@@ -7,10 +7,19 @@ import sys
 
 
 def cmd_export_merged(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from marti_ibrl.checkpoints import checkpoint_problem
     from marti_ibrl.lora import adapter_base, export_merged
 
     try:
         base = adapter_base(args.adapter, args.base)
+        for flag, path in (("ADAPTER", args.adapter), ("--base", base)):  # headers only, before any weight is read
+            if why := checkpoint_problem(path):
+                raise ValueError(f"{flag}: {why}")
+        out = Path(args.out)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
+            raise ValueError(f"OUT: {out} exists and is not empty; choose another or pass --overwrite")
     except ValueError as e:
         print(f"marti-ibrl export-merged: error: {e}", file=sys.stderr)
         return 2
@@ -30,4 +39,5 @@ def add_export_merged_parser(sub) -> None:
     merged.add_argument("out")
     merged.add_argument("--base", default=None, help="base checkpoint (default: the adapter's base_model_name_or_path)")
     merged.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
+    merged.add_argument("--overwrite", action="store_true", help="write into OUT even when it holds files")
     merged.set_defaults(func=cmd_export_merged)

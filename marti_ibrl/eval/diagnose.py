@@ -65,6 +65,24 @@ def diagnosis_env_config(env, n: int):
     return EnvConfig(**{**settings, "data": None, "num_scenarios": n, "invalid_penalty": EnvConfig.invalid_penalty})
 
 
+def checked_checkpoints(run_dir: Path, role: str) -> list:
+    """``role``'s saved ``global_stepK_hf`` checkpoints (:func:`role_checkpoints`), at least two, each one a model whose
+    weight files are whole (headers only: milliseconds; a truncated one is one line before Ray starts, not a
+    SafetensorError after it, issue 63)."""
+    from marti_ibrl.checkpoints import checkpoint_problem
+
+    checkpoints = role_checkpoints(run_dir, role)
+    if len(checkpoints) < 2:
+        raise FileNotFoundError(
+            f"{run_dir / role / 'ckpt'}: {len(checkpoints)} global_stepK_hf checkpoint(s), diagnose compares 2 or more: "
+            "train with --ckpt.save_steps K (a checkpoint every K iterations; the demo saves only its last)"
+        )
+    for _, path in checkpoints:
+        if why := checkpoint_problem(path):
+            raise ValueError(f"{run_dir}: {why}")
+    return checkpoints
+
+
 def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed: int, embedder: str | None, engines):
     """Play, embed, plot; returns the diagnostics dict (also written to RUN_DIR/diagnostics/ROLE.json)."""
     cfg = run_config(run_dir)
@@ -78,12 +96,7 @@ def diagnose(run_dir: Path, role: str, n: int, fixed: str | None, scenario_seed:
     from marti_ibrl.eval.figures import insystem_vs_fixed, load_embedder, similarity_heatmap, similarity_matrix
 
     other = roles[1 - roles.index(role)]
-    checkpoints = role_checkpoints(run_dir, role)
-    if len(checkpoints) < 2:
-        raise FileNotFoundError(
-            f"{run_dir / role / 'ckpt'}: {len(checkpoints)} global_stepK_hf checkpoint(s), diagnose compares 2 or more: "
-            "train with --ckpt.save_steps K (a checkpoint every K iterations; the demo saves only its last)"
-        )
+    checkpoints = checked_checkpoints(run_dir, role)
     other_cfg = cfg.roles[roles.index(other)]
     fixed_spec = fixed or f"checkpoint:{other_cfg.pretrain}"
     env, scenarios = spec.factory(diagnosis_env_config(cfg.env, n), scenario_seed)

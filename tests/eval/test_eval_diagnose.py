@@ -69,3 +69,20 @@ def test_diagnose_errors(tmp_path, capsys):
 
     assert main(["diagnose", str(tmp_path), "--role", "agent1"]) == 2
     assert "not a training run directory" in capsys.readouterr().err
+
+
+def test_a_truncated_checkpoint_is_one_line_before_ray(run_dir, tmp_path, capsys):
+    """Issue 63: a truncated ``global_stepK_hf`` was a SafetensorError after 2 minutes (Ray, engines, a first game)."""
+    import time
+
+    from marti_ibrl.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    weights = run / "agent1" / "ckpt" / "global_step2_hf" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+    t0 = time.monotonic()
+    assert main(["diagnose", str(run), "--role", "agent1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"marti-ibrl diagnose: error: {run}: {weights} is truncated") and len(err.splitlines()) == 1
+    assert time.monotonic() - t0 < 30 and not (run / "diagnostics").exists()

@@ -284,6 +284,23 @@ def test_export_merged_command(tiny, tmp_path, capsys):
     assert "no adapter_config.json" in capsys.readouterr().err
     assert main(["export-merged", str(tmp_path / "a"), str(tmp_path / "x"), "--base", "/nowhere"]) == 2
     assert "base checkpoint '/nowhere' (given) is not a directory" in capsys.readouterr().err
+    # issue 63: OUT holding files is refused (was overwritten); a corrupt adapter is one line (was SafetensorError)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir() if p.is_file()}
+    assert main(["export-merged", str(tmp_path / "a"), str(tmp_path / "m")]) == 2
+    assert "OUT: " in capsys.readouterr().err  # exists and is not empty
+    assert {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir() if p.is_file()} == before
+    assert main(["export-merged", str(tmp_path / "a"), str(tmp_path / "m"), "--overwrite"]) == 0
+    capsys.readouterr()
+    weights = tmp_path / "a" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # cut in half
+    assert main(["export-merged", str(tmp_path / "a"), str(tmp_path / "y")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("marti-ibrl export-merged: error: ADAPTER: ")
+        and "truncated" in err
+        and len(err.splitlines()) == 1
+    )
+    assert not (tmp_path / "y").exists()
 
 
 def test_plan_shared_engines(tiny, capsys):
