@@ -24,6 +24,9 @@ def _bind_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: this machine only)")
     p.add_argument("--port", type=PORT, default=8000)
     p.add_argument("--token", default=None, help=f"required off 127.0.0.1 (or set {TOKEN_ENV}); link: /?token=...")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="without a token, a host name the page may be reached by besides localhost, 127.0.0.1 and "
+                        "::1 (others get 403: a rebound DNS name or another site's form); repeatable")  # fmt: skip
     p.add_argument("--max-message-chars", type=int, default=MAX_MESSAGE,
                    help=f"longest message (play) or note (annotate) a page may send; longer is refused (default "
                         f"{MAX_MESSAGE})")  # fmt: skip
@@ -131,7 +134,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     """Serve the play page. The database is this server's alone (:class:`~.store.ServerLock`, taken first: a second
     server on it refuses, naming the first); the earlier session's unfinished games are marked abandoned only once the
     lock is held and the port bound, so a server that does not start changes nothing."""
-    from marti_ibrl.people.app import bind, check_bind, create_app, resolve_token, serve
+    from marti_ibrl.people.app import allowed_hosts, bind, check_bind, create_app, resolve_token, serve
     from marti_ibrl.people.store import ServerLock, Store
 
     token = resolve_token(args.token)
@@ -157,8 +160,9 @@ def cmd_play(args: argparse.Namespace) -> int:
         link = f"http://{args.host}:{args.port}/" + (f"?token={token}" if token else "")
         print(f"playing {game.policy} ({args.env}) at {link}; games stored in {args.db}", file=sys.stderr)
         app = create_app(
-            store, game=game, token=token, max_message=args.max_message_chars, max_body=args.max_body_bytes
-        )
+            store, game=game, token=token, max_message=args.max_message_chars, max_body=args.max_body_bytes,
+            hosts=allowed_hosts(token, args.allowed_host),
+        )  # fmt: skip
         serve(app, sock)
     finally:
         lock.release()
@@ -196,7 +200,7 @@ def _annotate(args: argparse.Namespace) -> int:
             return _fail("annotate", str(e))
         return 0
     from marti_ibrl.people.annotate import Annotation, load_calls
-    from marti_ibrl.people.app import bind, check_bind, create_app, resolve_token, serve
+    from marti_ibrl.people.app import allowed_hosts, bind, check_bind, create_app, resolve_token, serve
 
     if not args.blind:
         return _fail("annotate", "only blind annotation is supported: pass --blind (methods and labels are hidden)")
@@ -217,6 +221,6 @@ def _annotate(args: argparse.Namespace) -> int:
     link = f"http://{args.host}:{args.port}/" + (f"?token={token}" if token else "")
     print(f"{added} calls added ({known} already there, {total} in all); annotate at {link}", file=sys.stderr)
     app = create_app(store, annotation=Annotation(store), token=token, max_message=args.max_message_chars,
-                     max_body=args.max_body_bytes)  # fmt: skip
+                     max_body=args.max_body_bytes, hosts=allowed_hosts(token, args.allowed_host))  # fmt: skip
     serve(app, sock)
     return 0

@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,21 @@ def check_text(what: str, value: Any, limit: int) -> str:
     return value
 
 
+def allowed_hosts(token: str | None, extra: Sequence[str] = ()) -> tuple[str, ...] | None:
+    """The host names a request may name (its ``Host``, and its ``Origin`` when it sends one): without a token, the
+    loopback names and ``extra`` (``--allowed-host``), so a page of another site cannot reach the token-less app
+    through a DNS name rebound to 127.0.0.1, nor post a form to it (issue 63); with a token, None (no check: the
+    token, which no other site's page can send, is the guard)."""
+    return None if token else (*LOOPBACK, *extra)
+
+
+def _hostname(value: str) -> str:
+    """The host name of a ``Host`` header (``name:port``, ``[::1]:port``) or an ``Origin`` (``scheme://name:port``)."""
+    from urllib.parse import urlsplit
+
+    return (urlsplit(value if "://" in value else f"//{value}").hostname or "").lower()
+
+
 def create_app(
     store: Store,
     game: Any = None,
@@ -116,10 +132,12 @@ def create_app(
     token: str | None = None,
     max_message: int = MAX_MESSAGE,
     max_body: int = MAX_BODY,
+    hosts: Sequence[str] | None = LOOPBACK,
 ):
     """The app: ``game`` (a :class:`~.games.Game`) serves the play page, ``annotation`` (an
     :class:`~.annotate.Annotation`) the annotation page; one of them. ``max_message``: the longest message in
-    characters (:data:`MAX_MESSAGE`), ``max_body``: the largest request body in bytes (:data:`MAX_BODY`)."""
+    characters (:data:`MAX_MESSAGE`), ``max_body``: the largest request body in bytes (:data:`MAX_BODY`); ``hosts``:
+    the host names a request's ``Host`` and ``Origin`` may name (:func:`allowed_hosts`; None: any), else a 403."""
     from fastapi import Body, FastAPI, Request
     from fastapi import Path as PathParam
     from fastapi.exceptions import RequestValidationError
@@ -134,6 +152,19 @@ def create_app(
     common = f"const LIMITS = {json.dumps(limits)};\n" + (STATIC / "common.js").read_text(encoding="utf-8")
     JSON_BODY = Body(...)  # noqa: N806 (FastAPI's marker of a JSON request body)
     GAME_ID = PathParam(ge=1, le=MAX_ID)  # noqa: N806 (a game id: SQLite's integers; anything else is a 422)
+
+    allowed = None if hosts is None else {h.lower().strip("[]") for h in hosts}
+
+    @app.middleware("http")
+    async def same_host(request: Request, call_next):
+        if allowed is not None:
+            names = [request.headers.get("host", "")] + [v for v in [request.headers.get("origin")] if v is not None]
+            foreign = next((n for n in names if _hostname(n) not in allowed), None)
+            if foreign is not None:
+                return JSONResponse(
+                    {"error": f"{foreign!r} is not this app's host (--allowed-host NAME to serve it)"}, status_code=403
+                )
+        return await call_next(request)
 
     @app.middleware("http")
     async def require_token(request: Request, call_next):

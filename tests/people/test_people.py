@@ -18,12 +18,18 @@ from marti_ibrl.commands.people import build_game
 from marti_ibrl.envs.dond.game import utility
 from marti_ibrl.people.agreement import agreement, contingency, report
 from marti_ibrl.people.annotate import Annotation, blind_transcript, call_id, load_calls, order
-from marti_ibrl.people.app import TOKEN_ENV, check_bind, create_app, resolve_token
+from marti_ibrl.people.app import TOKEN_ENV, allowed_hosts, check_bind, create_app, resolve_token
 from marti_ibrl.people.human_eval import dond_episodes
 from marti_ibrl.people.store import Rejected, Store
 
 fastapi = pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
+
+
+def local(app) -> TestClient:
+    """A client of ``app`` as a browser on this machine reaches it (Host 127.0.0.1: the apps refuse other names)."""
+    return TestClient(app, base_url="http://127.0.0.1")
+
 
 TINY_SFT = str(Path(__file__).resolve().parents[2] / "recipes" / "dond" / "tiny-sft")
 
@@ -59,7 +65,7 @@ class Player:
 def dond(tmp_path):
     store = Store(tmp_path / "people.sqlite")
     game = build_game(play_args())
-    return store, game, TestClient(create_app(store, game=game))
+    return store, game, local(create_app(store, game=game))
 
 
 IMPORT_WITHOUT_WEB = r"""
@@ -157,13 +163,33 @@ def test_bad_input_changes_nothing(dond, tmp_path) -> None:
 
 def test_token_checked_on_every_request(tmp_path) -> None:
     store = Store(tmp_path / "p.sqlite")
-    client = TestClient(create_app(store, game=build_game(play_args()), token="s3cret"))
+    client = local(create_app(store, game=build_game(play_args()), token="s3cret"))
     assert client.get("/").status_code == 200  # the page itself, which then shows the API's refusal
     r = client.post("/api/participant", headers={"X-Token": "wrong"})
     assert r.status_code == 403 and "unknown token" in r.json()["error"]
     assert client.post("/api/participant").json()["error"].startswith("no token")
     assert store.counts()["participants"] == 0
     assert client.post("/api/participant", headers={"X-Token": "s3cret"}).status_code == 200
+
+
+def test_a_foreign_host_or_origin_gets_403_and_nothing_is_stored(tmp_path) -> None:
+    """Issue 63: without a token, a DNS name rebound to 127.0.0.1 (``Host: evil.example``) and another site's form post
+    (``Origin: http://evil.example``) each created a participant row; now 403, and the page's own requests pass."""
+    store = Store(tmp_path / "p.sqlite")
+    app = create_app(store, game=build_game(play_args()), hosts=allowed_hosts(None, ["lab-pc"]))
+    client = local(app)
+    r = client.post("/api/participant", headers={"Host": "evil.example"})
+    assert r.status_code == 403 and "'evil.example' is not this app's host" in r.json()["error"]
+    assert client.get("/", headers={"Host": "evil.example:8000"}).status_code == 403  # the page too
+    r = client.post("/api/participant", headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403 and "http://evil.example" in r.json()["error"]
+    assert client.post("/api/participant", headers={"Origin": "null"}).status_code == 403  # a sandboxed frame
+    assert store.counts()["participants"] == 0
+    for host in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000", "lab-pc:8000"):  # the loopback names, and ours
+        origin = f"http://{host}"
+        assert client.post("/api/participant", headers={"Host": host, "Origin": origin}).status_code == 200, host
+    assert store.counts()["participants"] == 4
+    assert allowed_hosts("s3cret", ["lab-pc"]) is None  # with a token, the token is the guard (no page can send it)
 
 
 def test_half_finished_games_are_abandoned_never_no_deals(dond) -> None:
@@ -234,7 +260,7 @@ def test_checkpoint_seat_plays_a_turn(tmp_path) -> None:
     """The committed tiny SFT checkpoint in the policy's seat (HF generate in process, RoleView prompts)."""
     store = Store(tmp_path / "p.sqlite")
     game = build_game(play_args(policy=TINY_SFT, name="tiny"))
-    client = TestClient(create_app(store, game=game))
+    client = local(create_app(store, game=game))
     person = Player(client)
     person.start()  # game 0: the person opens
     g = person.start()  # game 1: the checkpoint (agent1) opens
@@ -250,7 +276,7 @@ def test_a_message_too_long_for_the_checkpoint_is_refused_in_tokens(tmp_path) ->
     store = Store(tmp_path / "p.sqlite")
     game = build_game(play_args(policy=TINY_SFT, name="tiny"))
     assert game.seat.max_prompt_tokens > 0
-    client = TestClient(create_app(store, game=game, max_message=400_000, max_body=6 * 400_000 + 4096))
+    client = local(create_app(store, game=game, max_message=400_000, max_body=6 * 400_000 + 4096))
     person = Player(client)
     g = person.start()  # game 0: the person opens
     long = "item0 " * 50_000  # 300,000 characters, far more tokens than the prompt may hold
@@ -279,7 +305,7 @@ def test_telesales_consent_and_hang_up(tmp_path) -> None:
 
     store = Store(tmp_path / "p.sqlite")
     game = TeleSalesGame(HumanCallEnv(), ScriptedSales(), "scripted", generate_profiles(2, 3, "eval"))
-    person = Player(TestClient(create_app(store, game=game)))
+    person = Player(local(create_app(store, game=game)))
     g = person.start()
     assert g["transcript"][0]["who"] == "them" and g["your_turn"]
     titles = [s["title"] for s in g["card"]]
@@ -396,7 +422,7 @@ def test_endpoint_seat_uses_the_openai_client(tmp_path) -> None:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
         game = build_game(play_args(policy=f"endpoint:negotiator@{url}", max_new_tokens=20, temperature=0.5))
         store = Store(tmp_path / "p.sqlite")
-        person = Player(TestClient(create_app(store, game=game)))
+        person = Player(local(create_app(store, game=game)))
         g = person.start()  # the person opens
         g = person.act(g["game_id"], "message", "Hello! <try> item0=0 item1=1 item2=1 <try>").json()["game"]
     finally:
@@ -435,7 +461,7 @@ def test_oversized_message_and_body_refused_and_nothing_stored(dond, tmp_path) -
     r = person.act(g["game_id"], "message", at_limit)
     assert r.status_code == 200 and store.game(g["game_id"])["turns"][0]["text"] == at_limit
     # the limits are the server's flags; the page gets them with common.js, to check before sending
-    small = TestClient(create_app(store, game=game, max_message=10, max_body=8000))
+    small = local(create_app(store, game=game, max_message=10, max_body=8000))
     assert small.get("/common.js").text.startswith('const LIMITS = {"message": 10, "body": 8000};\n')
     r = small.post(f"/api/games/{g['game_id']}/act", json={**body, "action": {"kind": "message", "text": "x" * 11}})
     assert r.status_code == 422 and "11 characters, at most 10" in r.json()["error"]
@@ -447,7 +473,7 @@ def test_oversized_annotation_note_refused(tmp_path) -> None:
     files, _ = write_calls(tmp_path / "episodes")
     store = Store(tmp_path / "labels.sqlite")
     load_calls(store, files)
-    client = TestClient(create_app(store, annotation=Annotation(store)))
+    client = local(create_app(store, annotation=Annotation(store)))
     first = client.get("/api/annotate/next", params={"annotator": "A"}).json()["call_id"]
     r = client.post(
         "/api/annotate/label", json={"annotator": "A", "call_id": first, "label": "yes", "note": "n" * 2001}
@@ -509,7 +535,7 @@ def test_a_slow_turn_in_one_game_does_not_block_another(tmp_path) -> None:
     store = Store(tmp_path / "p.sqlite")
     game = build_game(play_args())
     game.seat = slow = SlowSeat(game.seat)
-    client = TestClient(create_app(store, game=game))
+    client = local(create_app(store, game=game))
     a, b = Player(client), Player(client)
     ga, gb = a.start(), b.start()  # game 0: a opens; game 1: the policy opened, b answers
     answers: dict[str, object] = {}
@@ -554,7 +580,7 @@ def test_action_ids_count_within_their_game(dond, tmp_path) -> None:
                      f"created FROM a2 WHERE game_id = {ga['game_id']}; DROP TABLE a2;")  # fmt: skip
     db.close()
     store = Store(store.path)
-    client = TestClient(create_app(store, game=game))
+    client = local(create_app(store, game=game))
     a.client = client
     again = a.act(ga["game_id"], "message", "Mine: <try> item0=1 item1=0 item2=0 <try>", action_id="shared").json()
     assert again["duplicate"] is True and again["game"] == first["game"] and store.counts()["actions"] == 1
@@ -604,7 +630,7 @@ def test_a_second_server_on_the_database_refuses(tmp_path, capsys, monkeypatch) 
     first.start()
     try:
         assert serving.wait(120), "the first server did not start"
-        person = Player(TestClient(apps[0]))
+        person = Player(local(apps[0]))
         live = person.start()
         capsys.readouterr()
         assert main(args) == 2
