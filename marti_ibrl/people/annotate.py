@@ -51,6 +51,9 @@ def load_calls(store: Store, paths: Sequence[str | Path]) -> tuple[int, int]:
         bad = next((i for i, rec in enumerate(lines, 1) if not isinstance(rec, dict) or "episode_id" not in rec), None)
         if bad is not None:
             raise ValueError(f"{path}: record {bad} has no episode_id: not a `telesales eval` episode file")
+        bad = next((i for i, rec in enumerate(lines, 1) if not isinstance(rec["episode_id"], str)), None)
+        if bad is not None:
+            raise ValueError(f"{path}: record {bad}'s episode_id is not a string: not a `telesales eval` episode file")
         records = {rec["episode_id"]: rec for rec in lines}  # the newest line of an episode id wins
         if not records:
             raise ValueError(f"{path}: no episodes in it")
@@ -58,6 +61,8 @@ def load_calls(store: Store, paths: Sequence[str | Path]) -> tuple[int, int]:
             missing = [k for k in ("success", "transcript", "policy", "profile_id", "failed") if k not in rec]
             if missing:
                 raise ValueError(f"{path}: episode {eid!r} has no {missing}: not a `telesales eval` episode file")
+            if why := _misshapen(rec):  # refused now, never served (a string transcript made every /next a 500)
+                raise ValueError(f"{path}: episode {eid!r}: {why}: not a `telesales eval` episode file")
             if rec["failed"] or not rec["transcript"]:
                 continue
             if store.add_call(call_id(path.name, eid), path.name, rec, simulator_label(rec)):
@@ -65,6 +70,20 @@ def load_calls(store: Store, paths: Sequence[str | Path]) -> tuple[int, int]:
             else:
                 known += 1
     return added, known
+
+
+def _misshapen(rec: dict[str, Any]) -> str | None:
+    """Why an episode record is not of the shape :func:`blind_transcript` and the report read; None when it is."""
+    transcript = rec["transcript"]
+    if not isinstance(transcript, list):
+        return f"its transcript is a {type(transcript).__name__}, not a list of turns"
+    for k, t in enumerate(transcript, 1):
+        if not (isinstance(t, dict) and isinstance(t.get("role"), str) and isinstance(t.get("text"), str)):
+            return f"turn {k} of its transcript is not a {{role, text}} object"
+    for key in ("policy", "profile_id"):
+        if not isinstance(rec[key], str | int):
+            return f"its {key} is a {type(rec[key]).__name__}"
+    return None
 
 
 def blind_transcript(record: dict[str, Any]) -> list[dict[str, str]]:

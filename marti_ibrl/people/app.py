@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from marti_ibrl.people.agreement import SIMULATOR  # the report's rater name for the simulator: no person's
 from marti_ibrl.people.store import MAX_ID, Rejected, Store
 
 TOKEN_ENV = "MARTI_IBRL_PEOPLE_TOKEN"
@@ -240,6 +241,8 @@ def _annotation_routes(app, store: Store, annotation: Any, max_message: int, jso
         name = str(value or "")
         if not _ANNOTATOR.match(name):
             raise Rejected("annotator name: 1-32 letters, digits, _ . -")
+        if name.lower() == SIMULATOR:  # the report's name for the simulator's own labels (people/agreement.py)
+            raise Rejected(f"annotator name: {name!r} is the simulator's, in the report; choose another")
         return name
 
     @app.get("/api/annotate/next")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 import threading
 import time
@@ -363,6 +364,32 @@ def test_blind_annotation_order_and_labels(tmp_path) -> None:
     with pytest.raises(Rejected, match="already labelled"):
         store.label("A", ids[0], "no")
     assert [r["label"] for r in store.labels("A")] == ["yes"]
+
+
+def test_misshapen_episodes_are_refused_at_load_and_simulator_is_reserved(tmp_path) -> None:
+    """Issue 63: a string transcript was registered and then made every /api/annotate/next a 500 for that annotator;
+    a list episode_id was a traceback; "simulator" was accepted as a person and doubled the report's rows."""
+    files, _ = write_calls(tmp_path / "episodes")
+    good = json.loads(Path(files[0]).read_text().splitlines()[0])
+    cases = {
+        "string transcript": ({**good, "transcript": "hello"}, "its transcript is a str, not a list of turns"),
+        "turn not an object": ({**good, "transcript": ["hi"]}, "turn 1 of its transcript is not a {role, text} object"),
+        "list id": ({**good, "episode_id": ["a", 1]}, "record 1's episode_id is not a string"),
+    }
+    for name, (rec, said) in cases.items():
+        store = Store(tmp_path / f"{name}.sqlite")
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(json.dumps(rec) + "\n")
+        with pytest.raises(ValueError, match=re.escape(said)):
+            load_calls(store, [path])
+        assert store.calls() == [], name  # nothing registered
+    store = Store(tmp_path / "labels.sqlite")
+    load_calls(store, files)
+    client = local(create_app(store, annotation=Annotation(store)))
+    for who in ("simulator", "Simulator"):
+        r = client.get("/api/annotate/next", params={"annotator": who})
+        assert r.status_code == 400 and "is the simulator's" in r.json()["error"], r.text
+    assert client.get("/api/annotate/next", params={"annotator": "ana"}).status_code == 200
 
 
 def test_kappa_against_hand_computed_values(tmp_path) -> None:
