@@ -219,10 +219,7 @@ def _game_routes(app, store: Store, game: Any, max_message: int, json_body: Any,
 
     @app.get("/api/games/{game_id}")
     def show_game(participant: str, game_id: int = game_id_param) -> dict[str, Any]:
-        row = store.game(game_id)
-        if row["participant"] != participant:
-            raise Rejected(f"game {game_id} is not yours")
-        return {"game": game.view(row)}
+        return {"game": game.view(store.owned_game(game_id, participant))}
 
     @app.post("/api/games/{game_id}/act")
     def act(game_id: int = game_id_param, body: dict = json_body) -> dict[str, Any]:

@@ -287,10 +287,9 @@ class Store:
         """
         if not action_id or len(action_id) > 100:
             raise Rejected("the page sent no action id: reload the page")
+        self.owned_game(game_id, participant)  # before its lock: no lock is made for a game that is not there
         with self._game_lock(game_id):
-            game = self.game(game_id)
-            if game["participant"] != participant:
-                raise Rejected(f"game {game_id} is not yours")
+            game = self.owned_game(game_id, participant)
             done = self._rows("SELECT response FROM actions WHERE game_id = ? AND id = ?", (game_id, action_id))
             if done:
                 return {**json.loads(done[0]["response"]), "duplicate": True}
@@ -302,6 +301,17 @@ class Store:
         stored as :meth:`submit` does."""
         with self._game_lock(game_id):
             self._play(self.game(game_id), play, None)
+
+    def owned_game(self, game_id: int, participant: str) -> dict[str, Any]:
+        """:meth:`game`, if it is ``participant``'s; else one answer whether it is another's or none at all (404), so
+        that ids cannot be probed for which games exist (issue 63)."""
+        try:
+            game = self.game(game_id)
+        except Rejected:
+            game = None
+        if game is None or game["participant"] != participant:
+            raise Rejected(f"no game {game_id} of yours", status=404)
+        return game
 
     def _game_lock(self, game_id: int) -> threading.Lock:
         with self._lock:

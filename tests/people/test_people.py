@@ -159,7 +159,7 @@ def test_bad_input_changes_nothing(dond, tmp_path) -> None:
     other = Player(client)
     counts = store.counts()
     r = other.act(g["game_id"], "walk_away")
-    assert r.status_code == 400 and "not yours" in r.json()["error"] and store.counts() == counts
+    assert r.status_code == 404 and r.json()["error"] == f"no game {g['game_id']} of yours" and store.counts() == counts
 
 
 def test_token_checked_on_every_request(tmp_path) -> None:
@@ -594,7 +594,7 @@ def test_action_ids_count_within_their_game(dond, tmp_path) -> None:
     assert r.json()["game"]["game_id"] == gb["game_id"] and r.json()["game"]["status"] == "finished"
     assert r.json()["game"]["items"] == gb["items"] and "Mine:" not in json.dumps(r.json())
     r = b.act(ga["game_id"], "walk_away", action_id="shared")
-    assert r.status_code == 400 and r.json()["error"] == f"game {ga['game_id']} is not yours"
+    assert r.status_code == 404 and r.json()["error"] == f"no game {ga['game_id']} of yours"
     again = a.act(ga["game_id"], "message", "Mine: <try> item0=1 item1=0 item2=0 <try>", action_id="shared").json()
     assert again["duplicate"] is True and again["game"] == first["game"]
     # a database of before (actions keyed by their id alone) is migrated: its double submits still answered once
@@ -616,15 +616,23 @@ def test_action_ids_count_within_their_game(dond, tmp_path) -> None:
 def test_ids_out_of_range_are_404_or_422(dond) -> None:
     store, game, client = dond
     person = Player(client)
-    g = person.start()
+    person.start()
     before = store.counts()
     for bad in (10**23, 2**63, 0, -1, "abc"):
         r = client.get(f"/api/games/{bad}", params={"participant": person.pid})
         assert r.status_code == 422 and r.json()["error"].startswith("game_id: "), r.text
         r = person.act(bad, "walk_away")
         assert r.status_code == 422 and r.json()["error"].startswith("game_id: "), r.text
-    r = client.get(f"/api/games/{g['game_id'] + 1}", params={"participant": person.pid})
-    assert r.status_code == 404 and r.json() == {"error": f"no game {g['game_id'] + 1}"}
+    assert store.counts() == before
+    # issue 63: another's game and no game answer alike (ids cannot be probed), and no lock is kept for a missing id
+    theirs = Player(client).start()["game_id"]
+    for gid in (theirs, theirs + 1, 10**9):
+        r = client.get(f"/api/games/{gid}", params={"participant": person.pid})
+        assert r.status_code == 404 and r.json() == {"error": f"no game {gid} of yours"}, gid
+        r = person.act(gid, "walk_away")
+        assert r.status_code == 404 and r.json() == {"error": f"no game {gid} of yours"}, gid
+    assert 10**9 not in store._game_locks and theirs + 1 not in store._game_locks
+    before = store.counts()
     r = client.post("/api/games", content=b"[1, 2]", headers={"Content-Type": "application/json"})
     assert r.status_code == 422 and r.json()["error"].startswith("body: ")
     assert store.counts() == before
