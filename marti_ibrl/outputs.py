@@ -192,3 +192,32 @@ def repair_jsonl(path: Path) -> str | None:
         f"{path}: its last line was cut by a crash ({len(torn)} bytes without a newline): moved to {aside}; "
         f"continuing after the last whole record"
     )
+
+
+FULL_DISK_ERRNOS = (28, 122)  # ENOSPC, EDQUOT
+FULL_DISK_TEXTS = ("No space left on device", "Disk quota exceeded", "unexpected pos")
+"""How a full disk shows where no ``OSError`` carries its errno: Ray re-raises an actor's error as text, and PyTorch's
+zip writer (``torch.save``, DeepSpeed's and Hugging Face's checkpoints) says only ``... failed writing file ...:
+unexpected pos N vs M``."""
+
+
+def disk_full(error: BaseException, path: str | os.PathLike) -> str | None:
+    """When ``error`` (or its cause or context) is a write that found the disk full, one line saying so: the directory
+    ``path`` and the space left on its file system; None for any other error."""
+    import shutil
+
+    seen, e = set(), error
+    hit = False
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in FULL_DISK_ERRNOS or any(t in str(e) for t in FULL_DISK_TEXTS):
+            hit = True
+            break
+        e = e.__cause__ or e.__context__
+    if not hit:
+        return None
+    try:
+        free = f"{shutil.disk_usage(path).free / 2**20:,.0f} MiB free there now"
+    except OSError:
+        free = "its free space unknown"
+    return f"the disk holding {path} is full ({free})"

@@ -26,6 +26,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from marti_ibrl.backend.cluster import RayStartTimeout
     from marti_ibrl.cluster.nodes import NodeLostError
     from marti_ibrl.envs.custom import UserCodeError
+    from marti_ibrl.outputs import disk_full
     from marti_ibrl.trainer import TrainingStopped, train
 
     try:
@@ -40,6 +41,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 3
     except TrainingStopped as e:  # NaN/inf rewards, steps or weights past their limits; the last commit is intact
         print(f"marti-ibrl train: error: {e}", file=sys.stderr)
+        return 4
+    except Exception as e:  # (last) a full disk under a checkpoint, an export or the commit: one line, never Ray's 60
+        if (full := disk_full(e, cfg.ckpt.path)) is None:
+            raise
+        print(
+            f"marti-ibrl train: error: {full}; the last commit is intact (a save that did not finish is never "
+            "committed): make room and resume with the same flags and --ckpt.load_enable true",
+            file=sys.stderr,
+        )
         return 4
     from marti_ibrl.eval.report import finished_lines
 

@@ -218,3 +218,25 @@ def test_a_resumed_run_repairs_its_logs_before_appending(tmp_path, capsys) -> No
     assert (run / "phases.jsonl").read_text() == '{"k": 1}\n'
     assert (run / "phases.jsonl.torn").read_text() == '{"k": 2, "ev\n'
     assert "phases.jsonl: its last line was cut by a crash (12 bytes" in capsys.readouterr().out
+
+
+def test_a_full_disk_is_recognised_however_it_is_raised(tmp_path) -> None:
+    """Issue 63: a full disk under ``train`` ended in "unexpected pos 128 vs 0" (PyTorch's zip writer, re-raised by Ray
+    as text) and never said the disk was full."""
+    import errno
+
+    from marti_ibrl.outputs import disk_full
+
+    said = disk_full(OSError(errno.ENOSPC, "No space left on device"), tmp_path)
+    assert said.startswith(f"the disk holding {tmp_path} is full (") and "MiB free there now" in said
+    torch_zip = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 128 vs 0")
+    assert disk_full(torch_zip, tmp_path)
+    try:
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as inner:
+            raise RuntimeError("ray: the actor died") from inner
+    except RuntimeError as outer:
+        assert disk_full(outer, tmp_path)  # through the chain
+    assert disk_full(ValueError("bad"), tmp_path) is None
+    assert disk_full(OSError(errno.EACCES, "Permission denied"), tmp_path) is None
