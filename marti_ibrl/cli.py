@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
-    stopping.install()  # SIGTERM: the command's own cleanup, then one line and exit 4
     try:
-        return int(args.func(args) or 0)
+        with stopping.installed():  # SIGTERM: the command's own cleanup, then one line and exit 4
+            return int(args.func(args) or 0)
     except stopping.Terminated:
         sys.stdout.flush()  # what the command printed comes first (a file's buffer would follow the line otherwise)
         print(f"marti-ibrl {args.command}: stopped by SIGTERM; {STOPPED.get(args.command, STOPPED_ANY)}",

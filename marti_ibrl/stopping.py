@@ -1,6 +1,6 @@
 """SIGTERM (Slurm's ``scancel``, a container's stop, ``kill``) ends any command in seconds with one line and exit 4.
 
-:func:`install` (``marti_ibrl.cli.main``) makes SIGTERM raise :class:`Terminated` in the main thread. It is a
+:func:`installed` (``marti_ibrl.cli.main``) makes SIGTERM raise :class:`Terminated` in the main thread. It is a
 ``BaseException``, so no ``except Exception`` on the way swallows it, and every ``finally`` of the command runs (a
 trainer's :meth:`close`: actors killed, Ray shut down; an evaluation's open files closed), after every finished unit
 of work was already made durable by the command itself (a committed iteration, an appended episode).
@@ -26,10 +26,19 @@ def _raise(signum, frame) -> None:
     raise Terminated()
 
 
-def install() -> None:
-    """Make SIGTERM raise :class:`Terminated` in the main thread (elsewhere signals cannot be handled: nothing)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise)
+@contextlib.contextmanager
+def installed():
+    """While inside: SIGTERM raises :class:`Terminated` in the main thread (elsewhere signals cannot be handled:
+    nothing changes); the handler before is put back after (``marti_ibrl.cli.main`` called as a library leaves the
+    process as it found it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager

@@ -88,3 +88,29 @@ def test_a_start_ray_gives_up_on_itself_is_started_again(capsys):
     assert "failed to start (Exception: The current node timed out during startup." in capsys.readouterr().out
     with pytest.raises(RayStartTimeout, match=r"failed to start \(RuntimeError: raylet died\), 2 times"):
         bounded_start(lambda: (_ for _ in ()).throw(RuntimeError("raylet died")), 5.0)
+
+
+def test_cli_main_installs_its_sigterm_handler_only_while_it_runs(monkeypatch):
+    """SIGTERM raises ``stopping.Terminated`` during a command (its cleanup, then exit 4) and the process's own
+    handler is back after ``cli.main`` returns (a library caller, a test runner)."""
+    import os
+    import signal
+
+    from marti_ibrl import cli, stopping
+
+    before = signal.getsignal(signal.SIGTERM)
+    seen = {}
+
+    def command(args):
+        seen["handler"] = signal.getsignal(signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # interrupted by the handler's exception
+        seen["after"] = True
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(
+        parser, "parse_known_args", lambda argv: (__import__("argparse").Namespace(command="show", func=command), [])
+    )
+    assert cli.main(["show", "x"]) == stopping.EXIT_CODE
+    assert seen == {"handler": stopping._raise} and signal.getsignal(signal.SIGTERM) == before

@@ -344,3 +344,71 @@ def test_the_tier_can_fail(stubs, parser) -> None:
             run(["show", "x"], stubs)
     finally:
         sub.set_defaults(func=func)
+
+
+def _record(k: int) -> dict:
+    """A whole kept dialogue of iteration ``k``, as the trainer writes it (rollout/transcripts.py)."""
+    from types import SimpleNamespace as NS
+
+    from marti_ibrl.rollout.transcripts import transcript_record
+
+    turns = [
+        NS(role="agent1", text="<try> item0=1 <try>", valid=True, resamples=1),
+        NS(role="agent2", text="ça", valid=False, resamples=0),
+    ]
+    outcome = NS(agreed=False, malformed=True, utilities={}, info={"fault_role": "agent2", "reason": "x"})
+    traj = NS(scenario_uid=f"s{k}", sample_index=0, seats=["agent1", "agent2"], policies={"agent1": "current", "agent2": "pool:1"},
+              turns=turns, rewards={"agent1": 0.5, "agent2": -1.0}, outcome=outcome, truncated=False, discarded=[])  # fmt: skip
+    return transcript_record(k, traj)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@st.composite
+def transcript_line(draw) -> bytes:
+    """A line of RUN/transcripts.jsonl as a crash, an edit or another program may leave it."""
+    rec = _record(draw(st.integers(1, 4)))
+    kind = draw(st.sampled_from(["whole", "field", "drop", "cut", "bytes", "json", "deep"]))
+    if kind == "field":  # one field of another type
+        rec[draw(st.sampled_from(sorted(rec)))] = draw(JSON_VALUES)
+    elif kind == "drop":
+        rec.pop(draw(st.sampled_from(sorted(rec))))
+    elif kind == "bytes":
+        return draw(st.binary(max_size=300)).replace(b"\n", b" ")
+    elif kind == "json":
+        return json.dumps(draw(JSON_VALUES)).encode()
+    elif kind == "deep":
+        n = draw(st.integers(50, 5000))
+        return b"[" * n + b"]" * n
+    line = json.dumps(rec, ensure_ascii=False).encode()
+    if kind == "cut":
+        line = line[: draw(st.integers(0, len(line) - 1))]  # even inside a UTF-8 character
+    return line
+
+
+def test_show_reads_any_transcripts_file(stubs) -> None:
+    """Issue 63: hypothesis-made ``transcripts.jsonl`` files (whole records, fields of other types or gone, lines cut
+    anywhere, bytes, other JSON, deep nesting) under ``show`` in each of its modes: exit 0, or 2 with one line."""
+    run_dir = stubs / "run"
+    run_dir.mkdir()
+    seen = Counter()
+
+    @CLI
+    @given(lines=st.lists(transcript_line(), min_size=0, max_size=8), mode=st.sampled_from([[], ["--all"], ["--malformed"], ["-n", "1"], ["--iteration", "2"]]))  # fmt: skip
+    def case(lines, mode):
+        (run_dir / "transcripts.jsonl").write_bytes(b"\n".join(lines) + (b"\n" if lines else b""))
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = cli.main(["show", str(run_dir), *mode])
+        text = err.getvalue()
+        assert "Traceback" not in text and code in (0, 2), (lines, mode, code, text)
+        assert len([line for line in text.splitlines() if ": error: " in line]) == (code == 2), text
+        seen[f"exit {code}"] += 1
+
+    case()
+    assert sum(seen.values()) >= min(EXAMPLES, 1000) and seen["exit 0"] > 0 and seen["exit 2"] > 0, seen
