@@ -128,6 +128,32 @@ ibrl_plan() {  # ibrl_plan NODES GPUS_PER_NODE [plan options]: the allocation fi
     ibrl_here "$MARTI_IBRL" plan --nodes "$nodes" --gpus-per-node "$gpn" --gpu-memory "$GPU_MEMORY_GIB" "${TRAIN_FLAGS[@]}" "$@"
 }
 
+# ibrl_worker_start RAY_START_COMMAND...: a worker node's `ray start --block`, run in its srun step and started again
+# there (twice at most) when it exits with Ray's "The current node timed out during startup": `ray start` gives its
+# raylet a fixed 30 s to register with the head (Ray's node.py; no setting), which a busy node can outlast (seen on 2
+# shared cores). What the failed try left running (its raylet, daemonized) is ended first: the processes of this
+# step, by SLURM_JOB_ID and SLURM_STEP_ID in their environment, but this shell. Any other exit is the node's own.
+ibrl_worker_start() {
+    local try out rc environ pid env mine
+    out=$(mktemp)
+    mine=$'\n'"SLURM_JOB_ID=$SLURM_JOB_ID"$'\n'
+    for try in 1 2 3; do
+        "$@" 2>&1 | tee "$out"
+        rc=${PIPESTATUS[0]}
+        ((rc != 0 && try < 3)) && grep -q "The current node timed out during startup" "$out" || break
+        echo "$(hostname): \`ray start\` timed out registering with the head; starting it again ($((try + 1)) of 3)" >&2
+        for environ in /proc/[0-9]*/environ; do
+            pid=${environ#/proc/} pid=${pid%/environ}
+            [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+            env=$'\n'$( { tr '\0' '\n' <"$environ"; } 2>/dev/null)$'\n' || continue
+            [[ $env == *"$mine"* && $env == *$'\n'"SLURM_STEP_ID=$SLURM_STEP_ID"$'\n'* ]] && kill -KILL "$pid" 2>/dev/null
+        done
+        sleep 2
+    done
+    rm -f "$out"
+    return "$rc"
+}
+
 # ibrl_ray_alive: every `ray start` of this job (IBRL_RAY_PIDS, one srun each) still runs; else an error naming it.
 IBRL_RAY_PIDS=() IBRL_RAY_HOSTS=()
 ibrl_ray_alive() {
@@ -266,6 +292,7 @@ ibrl_run() {
     local host
     for host in "${hosts[@]:1}"; do
         ibrl_srun --nodes=1 --ntasks=1 --overlap -w "$host" -- \
+            bash -c "$(declare -f ibrl_worker_start); ibrl_worker_start \"\$@\"" ibrl_worker_start \
             "$RAY" start --block --address="$head_ip:$port" --node-ip-address="$(ibrl_node_ip "$host")" \
             --node-name="$host" --dashboard-agent-listen-port="${RAY_WORKER_AGENT_PORT:-$agent}" \
             --num-cpus="$cpus" --num-gpus="$gpn" &

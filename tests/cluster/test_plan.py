@@ -408,3 +408,49 @@ def test_the_header_is_read_where_needed_not_when_the_launcher_is_sourced(tmp_pa
     header = subprocess.run(["bash", "-c", f"{src}; ibrl_sbatch_header"], capture_output=True, text=True)
     assert header.returncode == 2
     assert header.stderr == f"own: error: {script} has no '#SBATCH --nodes=N' line (the recipe's allocation)\n"
+
+
+def _worker_start(tmp_path: Path, first: str, env: dict) -> subprocess.CompletedProcess:
+    """recipes/slurm-ray.sh's worker ``ray start``, passed to its step as the recipe passes it (``declare -f``), with
+    ``ray`` a stand-in: its first try prints FIRST and exits 1 leaving a daemon behind; every later try succeeds."""
+    fake = tmp_path / "fake-ray"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'n=$(cat {tmp_path}/tries 2>/dev/null || echo 0); echo $((n + 1)) >{tmp_path}/tries\n'
+        f'if ((n == 0)); then sleep 1000 >/dev/null 2>&1 & echo $! >{tmp_path}/left; echo "{first}"; exit 1; fi\n'
+        'echo "ray $* (try $((n + 1)))"\n'
+    )
+    fake.chmod(0o755)
+    script = (
+        f"RECIPE={ROOT}/recipes/dond/tiny-cluster-cpu.sh; source {ROOT}/recipes/prologue.sh; "
+        f"source {ROOT}/recipes/slurm-ray.sh; "
+        'bash -c "$(declare -f ibrl_worker_start); ibrl_worker_start \\"\\$@\\"" ibrl_worker_start '
+        f"{fake} start --block"
+    )
+    return subprocess.run(["bash", "-c", script], env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+
+
+def test_a_worker_ray_start_that_times_out_registering_is_started_again_and_its_leftovers_ended(tmp_path):
+    job = {"SLURM_JOB_ID": f"t{os.getpid()}", "SLURM_STEP_ID": "3"}
+    # the same job's other step (the head's, on a shared node) is not this step's to end
+    other = subprocess.Popen(["sleep", "1000"], env={**os.environ, **job, "SLURM_STEP_ID": "2"})
+    try:
+        timed_out = "Exception: The current node timed out during startup. This could happen because ..."
+        done = _worker_start(tmp_path, timed_out, job)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == f"{timed_out}\nray start --block (try 2)\n"
+        assert done.stderr.endswith("`ray start` timed out registering with the head; starting it again (2 of 3)\n")
+        left = int((tmp_path / "left").read_text())
+        assert not Path(f"/proc/{left}").exists() or "zombie" in Path(f"/proc/{left}/status").read_text().lower()
+        assert other.poll() is None
+    finally:
+        other.kill()
+
+
+def test_a_worker_ray_start_that_fails_otherwise_is_not_started_again(tmp_path):
+    failed = _worker_start(tmp_path, "ValueError: bad --num-gpus", {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "1"})
+    try:
+        assert (failed.returncode, failed.stdout, failed.stderr) == (1, "ValueError: bad --num-gpus\n", "")
+        assert (tmp_path / "tries").read_text() == "1\n"
+    finally:
+        subprocess.run(["kill", (tmp_path / "left").read_text().strip()])

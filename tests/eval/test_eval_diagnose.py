@@ -81,6 +81,7 @@ def test_a_truncated_checkpoint_is_one_line_before_ray(run_dir, tmp_path, capsys
     shutil.copytree(run_dir, run)
     weights = run / "agent1" / "ckpt" / "global_step2_hf" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:4096])
+    shutil.rmtree(run / "diagnostics", ignore_errors=True)  # the module's run may have been diagnosed already
     t0 = time.monotonic()
     assert main(["diagnose", str(run), "--role", "agent1"]) == 2
     err = capsys.readouterr().err
