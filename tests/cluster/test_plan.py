@@ -416,7 +416,7 @@ def _worker_start(tmp_path: Path, first: str, env: dict) -> subprocess.Completed
     fake = tmp_path / "fake-ray"
     fake.write_text(
         "#!/usr/bin/env bash\n"
-        f'n=$(cat {tmp_path}/tries 2>/dev/null || echo 0); echo $((n + 1)) >{tmp_path}/tries\n'
+        f"n=$(cat {tmp_path}/tries 2>/dev/null || echo 0); echo $((n + 1)) >{tmp_path}/tries\n"
         f'if ((n == 0)); then sleep 1000 >/dev/null 2>&1 & echo $! >{tmp_path}/left; echo "{first}"; exit 1; fi\n'
         'echo "ray $* (try $((n + 1)))"\n'
     )
