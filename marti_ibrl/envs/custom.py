@@ -21,6 +21,7 @@ built-in environments.
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,19 @@ def _where(e: BaseException) -> str:
     return f"{file}:{line}"
 
 
+def _shown(make: Any, what: str) -> str:
+    """``make()`` (a user object's ``str`` or ``repr``), or a note when that raises too."""
+    try:
+        return make()
+    except Exception as e:
+        return f"<{what} failed: {type(e).__name__}>"
+
+
 def described(e: BaseException) -> str:
-    """An exception of a user's code in one line: its type, message (whitespace folded, at most 300 characters) and
-    where it was raised (``file:line``)."""
-    return " ".join(f"{type(e).__name__}: {e}".split())[:300] + f" ({_where(e)})"
+    """An exception of a user's code in one line: its type, message (whitespace folded, at most 300 characters; a
+    message whose ``__str__`` raises is said so) and where it was raised (``file:line``)."""
+    message = _shown(lambda: str(e), "its message")
+    return " ".join(f"{type(e).__name__}: {message}".split())[:300] + f" ({_where(e)})"
 
 
 def _raised(spec: str, what: str, e: BaseException) -> UserCodeError:
@@ -128,9 +138,8 @@ class CheckedEnv:
             raise _raised(self._spec, f"{method}()", e) from None
 
     def _wrong(self, method: str, got: Any, want: str) -> UserCodeError:
-        return UserCodeError(
-            f"--env.name {self._spec}: {method}() returned {type(got).__name__} {got!r:.80}, not {want}"
-        )
+        shown = " ".join(_shown(lambda: repr(got), "its repr").split())[:80]
+        return UserCodeError(f"--env.name {self._spec}: {method}() returned {type(got).__name__} {shown}, not {want}")
 
     def system_prompt(self, scenario: Any, role: str) -> str:
         out = self._call("system_prompt", scenario, role)
@@ -171,9 +180,9 @@ class CheckedEnv:
 
     def reward(self, state: Any, role: str) -> float:
         out = self._call("reward", state, role)
-        if isinstance(out, bool) or not isinstance(out, int | float):
-            raise self._wrong("reward", out, "a number")
-        return out
+        if isinstance(out, bool) or not isinstance(out, int | float) or not math.isfinite(out):
+            raise self._wrong("reward", out, "a finite number")
+        return float(out)
 
 
 def make_custom_env(cfg: Any, seed: int) -> tuple[Any, list[tuple[str, Any]]]:
@@ -196,9 +205,8 @@ def make_custom_env(cfg: Any, seed: int) -> tuple[Any, list[tuple[str, Any]]]:
         raise UserCodeError(f"--env.name {spec}: training_scenarios({seed}) returned no scenarios")
     bad = next((s for s in scenarios if not (isinstance(s, tuple | list) and len(s) == 2)), None)
     if bad is not None:
-        raise UserCodeError(
-            f"--env.name {spec}: training_scenarios({seed}) holds {bad!r:.80}, not a (uid, scenario) pair"
-        )
+        shown = " ".join(_shown(lambda: repr(bad), "its repr").split())[:80]
+        raise UserCodeError(f"--env.name {spec}: training_scenarios({seed}) holds {shown}, not a (uid, scenario) pair")
     scenario = scenarios[0][1]
     for role in env.roles:
         env.system_prompt(scenario, role)
