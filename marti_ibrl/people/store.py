@@ -41,6 +41,9 @@ LABELS = ("yes", "no", "unclear")
 ACTIVE, FINISHED, ABANDONED = "active", "finished", "abandoned"
 MAX_ID = 2**63 - 1
 """SQLite's largest integer: no game id beyond it."""
+GAME_IDS = 2**53 - 1
+"""A new game's id is drawn at random in 1..GAME_IDS (issue 63: unguessable, not the next integer; at most
+JavaScript's largest exact integer, as the pages hold it). Games of a database made before keep their ids."""
 Play = Callable[[dict[str, Any]], tuple[list[dict], "dict | None", dict]]
 """``play(game) -> (new turns, outcome or None while the game goes on, response)``: one step of a game
 (:meth:`Store.submit`)."""
@@ -235,14 +238,16 @@ class Store:
             c = draw(db.execute("SELECT COUNT(*) FROM games WHERE env = ?", (env,)).fetchone()[0])
             db.execute("UPDATE games SET status = 'abandoned', ended = ? WHERE status = 'active' AND participant = ?",
                        (now, participant))  # fmt: skip
-            cur = db.execute(
-                "INSERT INTO games (participant, env, policy, scenario_uid, scenario, human_role, policy_role, seats,"
-                " status, outcome, created, ended) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (participant, env, policy, c["scenario_uid"], json.dumps(c["scenario"]), c["human_role"],
+            game_id = secrets.randbelow(GAME_IDS) + 1
+            while db.execute("SELECT 1 FROM games WHERE id = ?", (game_id,)).fetchone():
+                game_id = secrets.randbelow(GAME_IDS) + 1
+            db.execute(
+                "INSERT INTO games (id, participant, env, policy, scenario_uid, scenario, human_role, policy_role,"
+                " seats, status, outcome, created, ended) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (game_id, participant, env, policy, c["scenario_uid"], json.dumps(c["scenario"]), c["human_role"],
                  c["policy_role"], json.dumps(c["seats"]), status, json.dumps(outcome) if outcome else None, now,
                  now if status != ACTIVE else None),
             )  # fmt: skip
-            game_id = int(cur.lastrowid)
             self._insert_turns(db, game_id, 0, turns, now)
         return game_id
 
@@ -274,7 +279,7 @@ class Store:
             sql, args = sql + " AND env = ?", [*args, env]
         if status:
             sql, args = sql + " AND status = ?", [*args, status]
-        return [self.game(r["id"]) for r in self._rows(sql + " ORDER BY id", args)]
+        return [self.game(r["id"]) for r in self._rows(sql + " ORDER BY created, rowid", args)]
 
     def submit(self, game_id: int, participant: str, action_id: str, play: Play) -> dict[str, Any]:
         """Apply one action of ``participant``'s page to their active game ``game_id``, once.

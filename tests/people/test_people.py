@@ -613,6 +613,20 @@ def test_action_ids_count_within_their_game(dond, tmp_path) -> None:
     assert again["duplicate"] is True and again["game"] == first["game"] and store.counts()["actions"] == 1
 
 
+def test_game_ids_are_drawn_at_random_and_games_listed_oldest_first(tmp_path) -> None:
+    """Issue 63: a game's id says nothing of another's (drawn in 1..2**53-1, exact in the pages' JavaScript), and
+    listings keep the order games were made in."""
+    from marti_ibrl.people.store import GAME_IDS
+
+    store = Store(tmp_path / "p.sqlite")
+    pid = store.new_participant()
+    seats, done = ["agent1", "agent2"], {"status": "finished", "outcome": {"agreed": False}}
+    made = [store.create_game(pid, "dond", "a", f"s{k}", {}, "agent2", "agent1", seats, [], **done) for k in range(40)]
+    assert len(set(made)) == 40 and all(1 <= g <= GAME_IDS for g in made)
+    assert sum(b - a == 1 for a, b in zip(made, made[1:])) == 0 and max(made) > 2**40  # not a counter
+    assert [g["id"] for g in store.games()] == made and [g["scenario_uid"] for g in store.games()][:2] == ["s0", "s1"]
+
+
 def test_ids_out_of_range_are_404_or_422(dond) -> None:
     store, game, client = dond
     person = Player(client)
