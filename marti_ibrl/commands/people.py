@@ -97,6 +97,9 @@ def add_people_parsers(subparsers: Any) -> None:
     ann.add_argument("episodes", nargs="*", help="`telesales eval` episode files (OUT/episodes/*.jsonl)")
     ann.add_argument("--blind", action="store_true", help="hide methods and simulator labels (the only mode)")
     ann.add_argument("--report", action="store_true", help="print the agreement report and exit")
+    ann.add_argument("--release", metavar="NAME", default=None,
+                     help="free annotator NAME for another browser (a name is bound to the browser that chose it; "
+                          "its labels stay its own) and exit; works while the server runs")  # fmt: skip
     _bind_arguments(ann)
     ann.set_defaults(func=cmd_annotate)
 
@@ -175,7 +178,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     from marti_ibrl.people.store import ServerLock
 
     lock = ServerLock(args.db)
-    if not args.report:  # (a report only reads)
+    if not args.report and args.release is None:  # (a report only reads; a release is one row, SQLite's own lock)
         try:
             lock.acquire(f"annotate at http://{args.host}:{args.port}/")
         except ValueError as e:  # ServerBusy, or a --db that cannot be made
@@ -189,6 +192,18 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 def _annotate(args: argparse.Namespace) -> int:
     from marti_ibrl.people.store import Store
 
+    if args.release is not None:
+        if args.episodes or args.report:
+            return _fail("annotate", "--release NAME changes the database only: give no episode files, no --report")
+        if not Path(args.db).is_file():
+            return _fail("annotate", f"--db {args.db}: no such database")
+        try:
+            freed = Store(args.db).release_annotator(args.release)
+        except ValueError as e:
+            return _fail("annotate", str(e))
+        said = "freed: the next browser to enter it continues its labels" if freed else "was not taken; nothing changed"
+        print(f"annotator {args.release!r} {said}", file=sys.stderr)
+        return 0
     if args.report:
         from marti_ibrl.people.agreement import report, report_markdown
 

@@ -242,13 +242,20 @@ def _annotation_routes(app, store: Store, annotation: Any, max_message: int, jso
             raise Rejected(f"annotator name: {name!r} is the simulator's, in the report; choose another")
         return name
 
+    @app.post("/api/annotate/session")
+    def session(body: dict = json_body) -> dict[str, Any]:
+        """The session that writes as the name typed in (a new one, or the page's own again after a reload)."""
+        name = annotator_name(body.get("annotator"))
+        sent = body.get("session")
+        return {"session": store.claim_annotator(name, sent if isinstance(sent, str) else None), "annotator": name}
+
     @app.get("/api/annotate/next")
-    def next_call(annotator: str) -> dict[str, Any]:
-        return annotation.next_call(annotator_name(annotator))
+    def next_call(session: str) -> dict[str, Any]:
+        return annotation.next_call(store.annotator_of(session))
 
     @app.post("/api/annotate/label")
     def label(body: dict = json_body) -> dict[str, Any]:
-        name = annotator_name(body.get("annotator"))
+        name = store.annotator_of(str(body.get("session", "")))  # the session's annotator, never a name sent
         note = check_text("note", body.get("note"), max_message)
         stored = store.label(name, str(body.get("call_id", "")), str(body.get("label", "")), note)
         return {**stored, **annotation.next_call(name)}

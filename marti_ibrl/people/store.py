@@ -69,6 +69,8 @@ CREATE TABLE IF NOT EXISTS labels (
     annotator TEXT NOT NULL, call_id TEXT NOT NULL REFERENCES calls(id),
     label TEXT NOT NULL CHECK (label IN ('yes', 'no', 'unclear')), note TEXT NOT NULL, created REAL NOT NULL,
     PRIMARY KEY (annotator, call_id));
+CREATE TABLE IF NOT EXISTS annotators (
+    name TEXT PRIMARY KEY, session TEXT NOT NULL UNIQUE, created REAL NOT NULL);
 """
 
 
@@ -380,6 +382,35 @@ class Store:
             db.execute("INSERT INTO labels VALUES (?, ?, ?, ?, ?)", (annotator, call_id, label, note, time.time()))
         return {"duplicate": False}
 
+    def claim_annotator(self, name: str, session: str | None = None) -> str:
+        """The session that writes as annotator ``name`` (issue 63: an identity is bound to the browser that chose
+        it, not a name any request may send): a new one when the name is free; ``session`` again when it is the
+        name's own (a reload, the page's next visit); :class:`Rejected` (409) when the name is another session's.
+        ``annotate --release NAME`` frees a name for another browser."""
+        with self._tx() as db:
+            row = db.execute("SELECT session FROM annotators WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                session = secrets.token_urlsafe(24)
+                db.execute("INSERT INTO annotators VALUES (?, ?, ?)", (name, session, time.time()))
+                return session
+        if session is not None and secrets.compare_digest(row["session"].encode(), session.encode()):
+            return session
+        raise Rejected(f"annotator name {name!r} is taken by another browser: continue in the one that chose it, or "
+                       "choose another name (the study's organiser can free it: marti-ibrl annotate --release NAME)",
+                       status=409)  # fmt: skip
+
+    def annotator_of(self, session: str) -> str:
+        """The annotator name bound to ``session``; :class:`Rejected` (403) for an unknown session."""
+        rows = self._rows("SELECT name FROM annotators WHERE session = ?", (session,))
+        if not rows:
+            raise Rejected("unknown annotator session: reload the page and enter your name again", status=403)
+        return rows[0]["name"]
+
+    def release_annotator(self, name: str) -> bool:
+        """Free annotator ``name`` for another browser (its labels stay its own); whether it was claimed."""
+        with self._tx() as db:
+            return db.execute("DELETE FROM annotators WHERE name = ?", (name,)).rowcount == 1
+
     def labels(self, annotator: str | None = None) -> list[dict[str, Any]]:
         if annotator is None:
             return self._rows("SELECT * FROM labels ORDER BY annotator, call_id")
@@ -388,4 +419,4 @@ class Store:
     def counts(self) -> dict[str, int]:
         """Rows per table (what tests and the report check: a rejected action adds none)."""
         return {t: self._rows(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"]
-                for t in ("participants", "games", "turns", "actions", "calls", "labels")}  # fmt: skip
+                for t in ("participants", "games", "turns", "actions", "calls", "labels", "annotators")}  # fmt: skip

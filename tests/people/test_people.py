@@ -387,9 +387,50 @@ def test_misshapen_episodes_are_refused_at_load_and_simulator_is_reserved(tmp_pa
     load_calls(store, files)
     client = local(create_app(store, annotation=Annotation(store)))
     for who in ("simulator", "Simulator"):
-        r = client.get("/api/annotate/next", params={"annotator": who})
+        r = client.post("/api/annotate/session", json={"annotator": who})
         assert r.status_code == 400 and "is the simulator's" in r.json()["error"], r.text
-    assert client.get("/api/annotate/next", params={"annotator": "ana"}).status_code == 200
+    session = client.post("/api/annotate/session", json={"annotator": "ana"}).json()["session"]
+    assert client.get("/api/annotate/next", params={"session": session}).status_code == 200
+
+
+def test_an_annotator_is_the_browser_that_chose_the_name_not_a_name_sent(tmp_path, capsys) -> None:
+    """Issue 63: labels were stored under whatever name a request sent, so anyone could label as anyone. A name is
+    now bound to the session of the browser that chose it; the organiser frees it with ``annotate --release``."""
+    files, _ = write_calls(tmp_path / "episodes")
+    store = Store(tmp_path / "labels.sqlite")
+    load_calls(store, files)
+    client = local(create_app(store, annotation=Annotation(store)))
+    mine = client.post("/api/annotate/session", json={"annotator": "A"}).json()
+    assert mine["annotator"] == "A" and len(mine["session"]) >= 32
+    again = client.post("/api/annotate/session", json={"annotator": "A", "session": mine["session"]}).json()
+    assert again["session"] == mine["session"]  # a reload: the page sends the session it kept
+    for sent in (None, "guess", 7):  # another browser, or a guess
+        r = client.post("/api/annotate/session", json={"annotator": "A", "session": sent})
+        assert r.status_code == 409 and "is taken by another browser" in r.json()["error"], r.text
+    first = client.get("/api/annotate/next", params={"session": mine["session"]}).json()["call_id"]
+    # the name in the body, if any, is ignored: the label is the session's annotator's
+    r = client.post("/api/annotate/label", json={"session": mine["session"], "annotator": "B", "call_id": first,
+                                                 "label": "yes"})  # fmt: skip
+    assert r.status_code == 200 and [(x["annotator"], x["call_id"]) for x in store.labels()] == [("A", first)]
+    before = store.counts()
+    for bad in ({"session": "guess"}, {"annotator": "A"}, {}):
+        r = client.post("/api/annotate/label", json={**bad, "call_id": first, "label": "no"})
+        assert r.status_code == 403 and r.json()["error"].startswith("unknown annotator session"), r.text
+    assert client.get("/api/annotate/next", params={"session": "guess"}).status_code == 403
+    assert store.counts() == before
+    assert main(["annotate", "--release", "A", "--db", str(store.path)]) == 0
+    assert capsys.readouterr().err == "annotator 'A' freed: the next browser to enter it continues its labels\n"
+    moved = client.post("/api/annotate/session", json={"annotator": "A"}).json()["session"]
+    assert (
+        moved != mine["session"] and client.get("/api/annotate/next", params={"session": moved}).json()["position"] == 2
+    )
+    assert client.get("/api/annotate/next", params={"session": mine["session"]}).status_code == 403
+    assert main(["annotate", "--release", "nobody", "--db", str(store.path)]) == 0
+    assert "was not taken; nothing changed" in capsys.readouterr().err
+    assert main(["annotate", "--release", "A", "--db", str(tmp_path / "none.sqlite")]) == 2
+    assert (
+        capsys.readouterr().err.endswith("none.sqlite: no such database\n") and not (tmp_path / "none.sqlite").exists()
+    )
 
 
 def test_kappa_against_hand_computed_values(tmp_path) -> None:
@@ -501,14 +542,15 @@ def test_oversized_annotation_note_refused(tmp_path) -> None:
     store = Store(tmp_path / "labels.sqlite")
     load_calls(store, files)
     client = local(create_app(store, annotation=Annotation(store)))
-    first = client.get("/api/annotate/next", params={"annotator": "A"}).json()["call_id"]
+    session = client.post("/api/annotate/session", json={"annotator": "A"}).json()["session"]
+    first = client.get("/api/annotate/next", params={"session": session}).json()["call_id"]
     r = client.post(
-        "/api/annotate/label", json={"annotator": "A", "call_id": first, "label": "yes", "note": "n" * 2001}
+        "/api/annotate/label", json={"session": session, "call_id": first, "label": "yes", "note": "n" * 2001}
     )
     assert r.status_code == 422 and r.json()["error"].startswith("note too long: 2,001 characters, at most 2,000")
     assert store.labels() == []
     r = client.post(
-        "/api/annotate/label", json={"annotator": "A", "call_id": first, "label": "yes", "note": "n" * 2000}
+        "/api/annotate/label", json={"session": session, "call_id": first, "label": "yes", "note": "n" * 2000}
     )
     assert r.status_code == 200 and store.labels()[0]["note"] == "n" * 2000
 
