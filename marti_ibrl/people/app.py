@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import socket
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,8 @@ MAX_BODY = 64 * 1024
 class BodyLimit:
     """ASGI middleware: a request body over ``max_bytes`` is refused (413, ``{"error": ...}``) before it is read whole:
     at once when its ``Content-Length`` says so, else (chunked, or a length that lied) as soon as the bytes received
-    pass the cap. The app then reads the body from the bytes buffered here (never more than the cap and one chunk)."""
+    pass the cap. The app then reads the body from the bytes buffered here (never more than the cap and one chunk).
+    A client that leaves before its body is whole is one line on stderr (was a traceback, "No response returned")."""
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -74,7 +76,11 @@ class BodyLimit:
         body, more = bytearray(), True
         while more:
             message = await receive()
-            if message["type"] != "http.request":  # the client left
+            if message["type"] != "http.request":  # the client left mid-body: one line, nothing stored
+                client = ":".join(map(str, scope.get("client") or ("?",)))
+                of = f" of {int(length):,}" if b"content-length" in dict(scope.get("headers") or []) else ""
+                print(f"marti-ibrl: a client ({client}) left during {scope.get('method')} {scope.get('path')} after "
+                      f"{len(body):,}{of} bytes; nothing was stored", file=sys.stderr, flush=True)  # fmt: skip
                 return None
             body += message.get("body", b"")
             more = message.get("more_body", False)
@@ -147,7 +153,6 @@ def create_app(
     if (game is None) == (annotation is None):
         raise ValueError("create_app serves either a game or an annotation")
     app = FastAPI(title="marti-ibrl people", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, max_bytes=max_body)
     page = (STATIC / ("play.html" if game is not None else "annotate.html")).read_text(encoding="utf-8")
     limits = {"message": max_message, "body": max_body}  # what the pages check before sending (common.js)
     common = f"const LIMITS = {json.dumps(limits)};\n" + (STATIC / "common.js").read_text(encoding="utf-8")
@@ -200,6 +205,7 @@ def create_app(
         _game_routes(app, store, game, max_message, JSON_BODY, GAME_ID)
     else:
         _annotation_routes(app, store, annotation, max_message, JSON_BODY)
+    app.add_middleware(BodyLimit, max_bytes=max_body)  # added last, so outermost: the body is read before any check
     return app
 
 

@@ -19,7 +19,7 @@ from marti_ibrl.commands.people import build_game
 from marti_ibrl.envs.dond.game import utility
 from marti_ibrl.people.agreement import agreement, contingency, report
 from marti_ibrl.people.annotate import Annotation, blind_transcript, call_id, load_calls, order
-from marti_ibrl.people.app import TOKEN_ENV, allowed_hosts, check_bind, create_app, resolve_token
+from marti_ibrl.people.app import TOKEN_ENV, allowed_hosts, bind, check_bind, create_app, resolve_token
 from marti_ibrl.people.human_eval import dond_episodes
 from marti_ibrl.people.store import Rejected, Store
 
@@ -598,6 +598,48 @@ class SlowSeat:
             self.entered.set()
             self.release.wait(60)
         return self.seat.respond(*args)
+
+
+def test_a_client_that_leaves_mid_body_is_one_line_and_nothing_is_stored(tmp_path, capfd) -> None:
+    """Issue 63: a client that closed its connection before its body was whole left a traceback in the server's
+    output ("RuntimeError: No response returned"); now one line, and the server goes on serving."""
+    import uvicorn
+
+    files, _ = write_calls(tmp_path / "episodes")
+    store = Store(tmp_path / "labels.sqlite")
+    load_calls(store, files)
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(store, annotation=Annotation(store)), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        until = time.monotonic() + 60
+        while not server.started and time.monotonic() < until:
+            time.sleep(0.05)
+        before = store.counts()
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            head = "POST /api/annotate/session HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            c.sendall(f"{head}Content-Length: 1000\r\n\r\n".encode() + b'{"annotator": "A"')
+        said = ""
+        while "left during" not in said and time.monotonic() < until:
+            time.sleep(0.05)
+            said += capfd.readouterr().err
+        assert said.strip() == (
+            f"marti-ibrl: a client (127.0.0.1:{said.split('127.0.0.1:')[1].split(')')[0]}) left during POST "
+            "/api/annotate/session after 17 of 1,000 bytes; nothing was stored"
+        ), said
+        assert store.counts() == before
+        with socket.create_connection(("127.0.0.1", port)) as c:  # the server goes on
+            body = b'{"annotator": "A"}'
+            c.sendall(f"{head}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            answer = b""
+            while chunk := c.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and store.counts()["annotators"] == 1
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 def test_a_slow_turn_in_one_game_does_not_block_another(tmp_path) -> None:
