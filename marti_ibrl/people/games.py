@@ -229,6 +229,7 @@ class DondGame(Game):
         out: dict[str, Any] = {
             "env": "dond",
             "game_id": game["id"],
+            "number": game["number"],  # the participant's own count of games: what the page calls it
             "status": game["status"],
             "items": [
                 {"name": f"item{i} ({ITEM_NAMES[i]})", "count": c, "value": scenario["values"][human][i]}
@@ -344,6 +345,7 @@ class TeleSalesGame(Game):
         out: dict[str, Any] = {
             "env": "telesales",
             "game_id": game["id"],
+            "number": game["number"],  # the participant's own count of games: what the page calls it
             "status": game["status"],
             "card": character_card(game["scenario"]),
             "transcript": _seen(game, lambda t: self.env.counterpart_text(t["role"], t["text"])),

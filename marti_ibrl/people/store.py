@@ -265,6 +265,10 @@ class Store:
         if not rows:
             raise Rejected(f"no game {game_id}", status=404)
         game = rows[0]
+        game["number"] = self._rows(  # the participant's own count (the page's "Game N"; the id is drawn at random)
+            "SELECT COUNT(*) AS n FROM games WHERE participant = ? AND (created < ? OR (created = ? AND id <= ?))",
+            (game["participant"], game["created"], game["created"], game["id"]),
+        )[0]["n"]
         for key in ("scenario", "seats", "outcome"):
             game[key] = json.loads(game[key]) if game[key] is not None else None
         game["turns"] = [
