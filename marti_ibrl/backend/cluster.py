@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import ray
 
@@ -142,6 +143,15 @@ def wait_for_cluster(address: str, timeout: float) -> None:
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
+def _node_alive() -> bool:
+    """Whether the Ray node this process is connected through (its raylet) is alive, as the GCS sees it."""
+    try:
+        mine = ray.get_runtime_context().get_node_id()
+        return any(n.get("NodeID") == mine and n.get("Alive") for n in ray.nodes())
+    except Exception:  # the GCS is gone too
+        return False
+
+
 def start_ray(
     slots: int,
     device: str,
@@ -158,7 +168,13 @@ def start_ray(
     single device; real runs give every component GPUs of its own).
     """
     if ray.is_initialized():
-        return
+        if _node_alive():
+            return
+        # the Ray this process is connected to lost its own node (its raylet died: a run that failed while it
+        # started, before anything shut Ray down); a job placed there would wait forever for its placement groups
+        print("marti-ibrl: the Ray this process was connected to has lost its node; starting a new one",
+              file=sys.stderr, flush=True)  # fmt: skip
+        ray.shutdown()
     env_vars = ray_env_vars()  # NCCL_CUMEM_ENABLE only as the user set it (OpenRLHF sets it where vLLM needs it)
     if not log_to_driver:
         import logging

@@ -114,3 +114,32 @@ def test_cli_main_installs_its_sigterm_handler_only_while_it_runs(monkeypatch):
     )
     assert cli.main(["show", "x"]) == stopping.EXIT_CODE
     assert seen == {"handler": stopping._raise} and signal.getsignal(signal.SIGTERM) == before
+
+
+@pytest.mark.e2e  # starts a local Ray (tests/tiers.py)
+def test_a_ray_whose_node_died_is_replaced_not_joined(capsys):
+    """A run that failed while it started left this process connected to a Ray whose raylet had died (CI: a Ray agent
+    exited and its raylet with it); the next run in the process joined it and waited forever for its placement
+    groups. ``start_ray`` now starts a new Ray instead, and says so."""
+    import ray
+
+    from marti_ibrl.backend.cluster import start_ray
+
+    start_ray(2, "cpu", log_to_driver=False)
+    try:
+        first = ray.get_runtime_context().get_node_id()
+        for proc in psutil.Process().children(recursive=True):
+            if proc.name() == "raylet":
+                proc.kill()
+        deadline = time.monotonic() + 60
+        while any(n["NodeID"] == first and n["Alive"] for n in ray.nodes()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        start_ray(2, "cpu", log_to_driver=False)
+        assert "the Ray this process was connected to has lost its node; starting a new one" in capsys.readouterr().err
+        now = ray.get_runtime_context().get_node_id()
+        assert now != first and any(n["NodeID"] == now and n["Alive"] for n in ray.nodes())
+        assert ray.get(ray.remote(lambda: 7).remote()) == 7
+        start_ray(2, "cpu", log_to_driver=False)  # alive: joined as it is, nothing said
+        assert ray.get_runtime_context().get_node_id() == now and "lost its node" not in capsys.readouterr().err
+    finally:
+        ray.shutdown()
