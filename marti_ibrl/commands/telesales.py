@@ -209,13 +209,67 @@ def add_profiles_parser(subparsers: Any) -> argparse.ArgumentParser:
     return profiles
 
 
+# ---- marti-ibrl telesales calls ----
+def cmd_telesales_calls(args: argparse.Namespace) -> int:
+    """Scripted calls (:mod:`marti_ibrl.envs.telesales.scripted`) as transcripts ``telesales sft`` reads."""
+    import json
+
+    from marti_ibrl.envs.telesales import scripted
+
+    def fail(message: str) -> int:
+        print(f"marti-ibrl telesales calls: error: {message}", file=sys.stderr)
+        return 2
+
+    unknown = [s for s in args.strategies if s not in scripted.STRATEGIES]
+    if unknown:
+        return fail(f"unknown strategy {unknown[0]!r} (expected some of: {', '.join(scripted.STRATEGIES)})")
+    if os.path.exists(args.out) and not args.overwrite:
+        what = "a directory" if os.path.isdir(args.out) else "a file"
+        return fail(f"--out {args.out} is {what} already; give another --out, or --overwrite to replace a file")
+    if os.path.isdir(args.out):
+        return fail(f"--out {args.out} is a directory; give a file")
+    calls = scripted.scripted_calls(args.n, args.seed, args.strategies)
+    try:
+        with open(args.out, "w", encoding="utf-8") as fp:
+            for call in calls:
+                fp.write(json.dumps({k: call[k] for k in ("call_id", "profile", "turns")}, ensure_ascii=False) + "\n")
+    except OSError as e:
+        return fail(f"cannot write {args.out}: {e.strerror or e}")
+    for strategy in args.strategies:
+        mine = [c for c in calls if c["strategy"] == strategy]
+        added = sum(c["reason"] == "contact_added" for c in mine)
+        print(f"{strategy}: contact added in {added} of {len(mine)} calls", file=sys.stderr)
+    print(f"wrote {len(calls)} calls to {args.out} (marti-ibrl telesales sft --transcripts {args.out} ...)",
+          file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def add_calls_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Wire ``calls`` into ``marti-ibrl telesales`` (handler in ``args.func``)."""
+    from marti_ibrl.envs.telesales.scripted import STRATEGIES
+
+    calls = subparsers.add_parser(
+        "calls", help="scripted call transcripts (four sales strategies, a rule-based customer) for telesales sft"
+    )
+    calls.add_argument("-n", type=int_range(1, 100_000), default=200,
+                       help="training profiles; each strategy calls every one (default: 200)")  # fmt: skip
+    calls.add_argument("--seed", type=int, default=0)
+    calls.add_argument("--strategies", nargs="+", default=list(STRATEGIES), metavar="NAME",
+                       help=f"sales strategies to play (default: all: {' '.join(STRATEGIES)})")  # fmt: skip
+    calls.add_argument("--out", required=True, type=path_arg, help="output JSONL file of call transcripts")
+    calls.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    calls.set_defaults(func=cmd_telesales_calls)
+    return calls
+
+
 def add_telesales_parsers(subparsers: Any) -> None:
-    """Add ``telesales sft``, ``telesales profiles``, ``telesales eval`` to ``subparsers`` (the old name ``marti-ibrl
+    """Add ``telesales sft``, ``telesales profiles``, ``telesales calls``, ``telesales eval`` to ``subparsers`` (the old name ``marti-ibrl
     sft --role R --transcripts F`` is a form of :mod:`marti_ibrl.commands.sft`, which runs :func:`cmd_sft_old_name`)."""
     telesales = subparsers.add_parser("telesales", help="Vehicle TeleSales: role SFT, profiles, held-out eval")
     telesales_sub = telesales.add_subparsers(dest="telesales_command", required=True)
     add_sft_parser(telesales_sub)
     add_profiles_parser(telesales_sub)
+    add_calls_parser(telesales_sub)
     from marti_ibrl.commands.telesales_eval import add_telesales_eval_parser
 
     add_telesales_eval_parser(telesales_sub)

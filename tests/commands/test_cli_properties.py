@@ -106,6 +106,11 @@ def stubs(monkeypatch, parser, tmp_path):
 
     some = profiles.generate_profiles
     monkeypatch.setattr(profiles, "generate_profiles", lambda n, seed=0, split="eval": some(min(n, 4), seed, split))
+    from marti_ibrl.envs.telesales import scripted
+
+    calls = scripted.scripted_calls
+    monkeypatch.setattr(scripted, "scripted_calls", lambda n, seed=0, strategies=scripted.STRATEGIES: calls(
+        min(n, 1), seed, strategies))  # fmt: skip
     few = dond.generate_scenarios
     monkeypatch.setattr(dond, "generate_scenarios", lambda n, seed=0: few(min(n, 4), seed))
     monkeypatch.setattr(dond_commands, "generate_scenarios", lambda n, seed=0: few(min(n, 4), seed))
@@ -309,6 +314,7 @@ COMMANDS = {
     "dond sample": (["dond", "sample"], {"-n": "number", "--seed": "number"}, []),
     "dond check-data": (["dond", "check-data"], {}, ["path"]),
     "telesales profiles": (["telesales", "profiles"], {"-n": "number", "--seed": "number", "--out": "path"}, []),
+    "telesales calls": (["telesales", "calls"], {"-n": "number", "--seed": "number", "--out": "path"}, []),
 }
 
 
