@@ -214,9 +214,11 @@ def scripted_calls(n_profiles: int, seed: int = 0, strategies: Sequence[str] = S
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown or not strategies:
         raise ValueError(f"strategies must be some of {list(STRATEGIES)}, got {list(strategies)}")
+    from marti_ibrl.progress import bar
+
     env = TeleSalesEnv()
     return [
         scripted_call(generate_profile(i, seed, "train"), s, seed, f"scripted-{seed}-{i}-{s}", env)
-        for i in range(n_profiles)
+        for i in bar(range(n_profiles), desc="scripted calls", unit="profile", disable=n_profiles < 500)
         for s in strategies
     ]
