@@ -96,7 +96,9 @@ class EnvConfig:
     """Round limit (a round is one turn per role); reaching it ends the dialogue with no deal (TeleSales: the call
     ends at the turn limit, ``2 * max_rounds`` turns)."""
     invalid_penalty: float = -1.0
-    """Added to the reward of a role whose turn stayed malformed after the re-samples."""
+    """Added to the rule reward (``reward_fn rule``, and what a judge falls back to) of the role whose turn stayed
+    malformed after the re-samples; a ``module:function`` reward replaces the rule reward and this penalty with it
+    (``trajectory.outcome.malformed`` tells it the dialogue ended so)."""
     max_resamples: int = 2
     """A malformed turn is re-sampled this many times, then the dialogue is scored as no deal."""
     prompt_style: str = "paper"

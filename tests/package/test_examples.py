@@ -11,7 +11,8 @@ from marti_ibrl.envs.base import Outcome
 from marti_ibrl.rewards import load_reward_fn
 from marti_ibrl.rollout.dialogue import Trajectory
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
 
 
 def test_fair_reward_example(monkeypatch):
@@ -24,6 +25,24 @@ def test_fair_reward_example(monkeypatch):
     traj.outcome = Outcome(agreed=False, malformed=False, utilities={"agent1": 0.0, "agent2": 0.0})
     assert fn(traj, "agent1", None) == 0.0
     sys.modules.pop("fair_reward", None)
+
+
+def test_the_custom_reward_of_training_md_runs_on_any_games_roles():
+    """Issue 65: docs/training.md's example hard-coded DoND's role names (a KeyError: 'agent1' on another game)."""
+    import re
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    section = text[text.index("## Custom rewards") :]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    space: dict = {}
+    exec(compile(code, "docs/training.md", "exec"), space)
+    for roles in (("agent1", "agent2"), ("proposer", "responder"), ("a", "b", "c")):
+        traj = Trajectory("s1", None, list(roles), {r: "current" for r in roles})
+        utilities = {r: float(i + 1) for i, r in enumerate(roles)}
+        traj.outcome = Outcome(agreed=True, malformed=False, utilities=utilities)
+        got = space["fair_share"](traj, roles[0], None)
+        others = list(utilities.values())[1:]
+        assert got == 1.0 - 0.5 * abs(1.0 - sum(others) / len(others)), roles
 
 
 # -- examples/price_negotiation.py: a custom two-role environment through --env.name module:Class ------------------
