@@ -331,11 +331,15 @@ class IBRLTrainer:
             self.run_lock.release()
 
     def close(self) -> None:
-        """Kill the run's processes (every role's ranks and engines, the frozen counterparts' engines)."""
+        """Kill the run's processes (every role's ranks and engines, the frozen counterparts' engines), then let a
+        rollout that was in flight when the run stopped end (its engines gone, its wait raises) before Ray is shut
+        down (:meth:`RolloutAhead.drain`)."""
         self.release_run_dir()
         for stack in self.stacks.values():
             stack.kill()
         kill_actors(e for policies in self.frozen.values() for p in policies for e in p.engines)
+        if getattr(self, "ahead", None) is not None:  # (a trainer built without __init__, as some tests build it)
+            self.ahead.drain()
 
     def _node_lost(self, lost: list[dict], k: int) -> NodeLostError:
         committed = getattr(Commit.read(self.run_dir), "iteration", 0)

@@ -57,6 +57,7 @@ def same_iterations(tmp_path_factory) -> dict[str, dict]:
                 trainer.fit()
                 digests = {r: (s.weights_digest(), s.engine_digests()) for r, s in trainer.stacks.items()}
             finally:
+                trainer.close()  # (a failed asynchronous run's rollout thread ends before Ray does)
                 ray.shutdown()
         state = json.loads((run_dir / "trainer_state.json").read_text())
         played = [traj for session in recorded for traj in session]

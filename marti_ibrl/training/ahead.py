@@ -37,6 +37,17 @@ class RolloutAhead:
         if self.thread is not None:
             self.thread.shutdown(wait=False, cancel_futures=True)
 
+    def drain(self, timeout: float = 60.0) -> bool:
+        """Wait (at most ``timeout`` s) for a rollout still in flight to end, as it does once the engines it waits on
+        are killed (:meth:`marti_ibrl.trainer.IBRLTrainer.close`); whether none is left. A thread left inside
+        ``ray.get`` when Ray shuts down crashed the process at its next ``ray.init`` (SIGSEGV in Ray's memory store:
+        a second run in one process, after a failed asynchronous one)."""
+        from concurrent.futures import wait
+
+        if isinstance(self.next, Future) and not self.next.done():
+            wait([self.next], timeout=timeout)
+        return not (isinstance(self.next, Future) and not self.next.done())
+
 
 def overlap_seconds(a: tuple[float, float] | None, b: tuple[float, float] | None) -> float:
     """How long the spans ``a`` and ``b`` (start, end) ran at the same time."""
