@@ -121,7 +121,7 @@ def sales_turn(
         return say("open", "lead", "ask") if strategy in ("early", "pushy") else say("open", "lead", "need")
     if strategy == "pushy":
         return say("ask")
-    if refusals >= 2 or last == "DeclineHard" and refusals >= 1 and asks >= 2:
+    if refusals >= 2 or (last == "DeclineHard" and asks >= 2):
         return say("bye") + " <status=end>"
     if last == "ExpressConcern":
         return say("concern")
@@ -141,7 +141,7 @@ def customer_turn(profile: Mapping[str, Any], turns: Sequence[Mapping[str, Any]]
     text = turns[-1]["text"]
     sales = protocol.parse_sales_turn(text)
     agreed = any(r["behavior"] == "AgreeWeChat" for r in said)
-    concerns = [c for c in profile["persona"]["concerns"]]
+    concerns = list(profile["persona"]["concerns"])
     dw, dp = 0.0, -0.03
     if sales.tools and agreed:
         can = profile["contact"]["can_add_wechat"]
