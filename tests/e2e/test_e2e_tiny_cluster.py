@@ -76,7 +76,7 @@ def runs(tmp_path_factory, local_slurm):
 
     tmp = tmp_path_factory.mktemp("cluster")
     model = build_tiny_dond_model(tmp / "tiny", **SMALL_TINY_MODEL, **VLLM_TINY_HEADS)
-    a, c, states = tmp / "a", tmp / "c", {}
+    a, c, states, jobs = tmp / "a", tmp / "c", {}, {}
     (tmp / "image.sif").write_text("a stand-in image")
     site = {  # a: site settings as sbatch options, in an Apptainer image; c: a pyxis/enroot image (stand-ins)
         "a": dict(
@@ -98,7 +98,8 @@ def runs(tmp_path_factory, local_slurm):
         else:
             job = local_slurm.submit(name, recipe, *_flags(), DOND_MODEL=model, RUN_DIR=str(run_dir), **site[name])
             states[name] = local_slurm.final_state(job)
-    return SimpleNamespace(model=model, a=a, c=c, slurm=local_slurm, states=states, tmp=tmp)
+            jobs[name] = local_slurm.job(job)  # now: Slurm forgets an ended job after MinJobAge (300 s)
+    return SimpleNamespace(model=model, a=a, c=c, slurm=local_slurm, states=states, jobs=jobs, tmp=tmp)
 
 
 def _state(run_dir: Path) -> dict:
@@ -293,18 +294,25 @@ def _calls(path: Path) -> list[tuple[str, str, list[str]]]:
     return out
 
 
+def _unwrapped(command: list[str]) -> list[str]:
+    """A worker's `ray start` as recipes/slurm-ray.sh runs it, inside `bash -c "<ibrl_worker_start>" ibrl_worker_start
+    RAY start ...` (its retry): the `ray start` command; any other command as it is."""
+    if command[:2] == ["bash", "-c"] and command[3:4] == ["ibrl_worker_start"]:
+        return command[4:]
+    return command
+
+
 @needs_slurm
 def test_site_settings_and_an_apptainer_image(runs):
     """Job a: `sbatch -p debug -A ibrl-ci --qos normal` and IBRL_APPTAINER_IMAGE: every command the job ran on a
     node went through `apptainer exec --nv --bind REPO,RUN_PARENT IMAGE` (the stand-in ran it on the host)."""
-    job = runs.slurm.job(next(iter(re.findall(r"-(\d+)\.out$", str(runs.slurm.logs["a"])))))
-    assert (job["Partition"], job["Account"]) == ("debug", "ibrl-ci")
+    assert (runs.jobs["a"]["Partition"], runs.jobs["a"]["Account"]) == ("debug", "ibrl-ci")
     calls = _calls(runs.tmp / "a-calls.log")
     mounts = f"{ROOT}:{ROOT},{runs.a.parent}:{runs.a.parent}"
     assert {(p, tuple(args[:5])) for _, p, args in calls} == {
         ("apptainer", ("exec", "--nv", "--bind", mounts, str(runs.tmp / "image.sif")))
     }
-    commands = [args[5:] for _, _, args in calls]
+    commands = [_unwrapped(args[5:]) for _, _, args in calls]
     ran = [Path(c[0]).name if c[0] != "bash" else "bash" for c in commands]
     # the shared-file-system check on both nodes, the preflight plan, ray start on each node, the wait, the submit
     assert ran.count("bash") == 2 and ran.count("marti-ibrl") == 1 and ran.count("python") == 1, ran
@@ -324,7 +332,7 @@ def test_a_pyxis_image(runs):
     for _, _, args in calls:
         at = args.index(pyxis[0])
         assert args[at : at + 3] == pyxis, args
-        commands.append(Path(args[at + 3]).name)
+        commands.append(Path(_unwrapped(args[at + 3 :])[0]).name)
     # the shared-file-system check (one srun, a task per node), the plan, ray start on each node, the wait, the submit
     assert sorted(commands) == ["bash", "marti-ibrl", "python", "ray", "ray", "ray"], calls
 
