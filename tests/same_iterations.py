@@ -29,50 +29,69 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope="session")
-def same_iterations(tmp_path_factory) -> dict[str, dict]:
-    """Per run: its history, final actor/engine digests, every dialogue played (turns with token ids and log-probs,
-    rewards, seats), its phase records, Ray's device slots and ``topology.json``."""
+class SameIterations(dict):
+    """The runs by name, each made at its first use: a test's time limit (pytest.ini) holds only the runs it is the
+    first to read, never all five at the first test. A run that failed fails every test that reads it, with its own
+    error, and is not made again."""
+
+    def __init__(self, tmp):
+        super().__init__()
+        from marti_ibrl.tiny import build_tiny_dond_model
+
+        self.tmp, self.model, self.failed = tmp, build_tiny_dond_model(tmp / "tiny"), {}
+
+    def __missing__(self, name: str) -> dict:
+        if name in self.failed:
+            raise RuntimeError(f"the {name!r} run failed earlier in this session") from self.failed[name]
+        try:
+            self[name] = _run(self.tmp / name, self.model, RUNS[name], resumed=name == "role")
+        except BaseException as e:
+            self.failed[name] = e
+            raise
+        return self[name]
+
+
+def _run(run_dir, model, extra: list[str], resumed: bool) -> dict:
     import ray
 
     from marti_ibrl.config import load_config
-    from marti_ibrl.tiny import build_tiny_dond_model
     from marti_ibrl.trainer import IBRLTrainer
 
-    tmp = tmp_path_factory.mktemp("same_iterations")
-    model = build_tiny_dond_model(tmp / "tiny")
-    out = {}
-    for name, extra in RUNS.items():
-        run_dir = tmp / name
-        flags = [*tiny_flags(model, run_dir, 4), "--role2.update_every", "2", *extra]
-        flags += ["--role1.kl_coef", "0.01", "--role2.kl_coef", "0.01", "--pool.probs", "[0.0,0.0,1.0]"]
-        # `role` stops after k=3 and resumes for k=4 (a new session: processes, engines and pools start anew)
-        sessions = [[*flags, "--train.iterations", "3"], [*flags, "--ckpt.load_enable", "true"]]
-        recorded = []
-        for session in sessions if name == "role" else [flags]:
-            trainer = IBRLTrainer(load_config(session))
-            recorded.append(record_rollouts(trainer))  # (filled as the trainer plays)
-            slots = ray.cluster_resources()["GPU"]
-            try:
-                trainer.fit()
-                digests = {r: (s.weights_digest(), s.engine_digests()) for r, s in trainer.stacks.items()}
-            finally:
-                trainer.close()  # (a failed asynchronous run's rollout thread ends before Ray does)
-                ray.shutdown()
-        state = json.loads((run_dir / "trainer_state.json").read_text())
-        played = [traj for session in recorded for traj in session]
-        out[name] = {
-            "history": state["history"],
-            "rollout_log": state["rollout_log"],
-            "digests": digests,
-            "dialogues": [
-                [(t.role, tuple(t.token_ids), tuple(t.logprobs)) for t in traj.turns]
-                + [sorted(traj.rewards.items()), sorted(traj.policies.items())]
-                for traj in played
-            ],
-            "phases": read_phases(run_dir),
-            "slots": slots,
-            "topology": json.loads((run_dir / "topology.json").read_text()),
-            "dir": run_dir,
-        }
-    return out
+    flags = [*tiny_flags(model, run_dir, 4), "--role2.update_every", "2", *extra]
+    flags += ["--role1.kl_coef", "0.01", "--role2.kl_coef", "0.01", "--pool.probs", "[0.0,0.0,1.0]"]
+    # `role` stops after k=3 and resumes for k=4 (a new session: processes, engines and pools start anew)
+    sessions = [[*flags, "--train.iterations", "3"], [*flags, "--ckpt.load_enable", "true"]]
+    recorded = []
+    for session in sessions if resumed else [flags]:
+        trainer = IBRLTrainer(load_config(session))
+        recorded.append(record_rollouts(trainer))  # (filled as the trainer plays)
+        slots = ray.cluster_resources()["GPU"]
+        try:
+            trainer.fit()
+            digests = {r: (s.weights_digest(), s.engine_digests()) for r, s in trainer.stacks.items()}
+        finally:
+            trainer.close()  # (a failed asynchronous run's rollout thread ends before Ray does)
+            ray.shutdown()
+    state = json.loads((run_dir / "trainer_state.json").read_text())
+    played = [traj for session in recorded for traj in session]
+    return {
+        "history": state["history"],
+        "rollout_log": state["rollout_log"],
+        "digests": digests,
+        "dialogues": [
+            [(t.role, tuple(t.token_ids), tuple(t.logprobs)) for t in traj.turns]
+            + [sorted(traj.rewards.items()), sorted(traj.policies.items())]
+            for traj in played
+        ],
+        "phases": read_phases(run_dir),
+        "slots": slots,
+        "topology": json.loads((run_dir / "topology.json").read_text()),
+        "dir": run_dir,
+    }
+
+
+@pytest.fixture(scope="session")
+def same_iterations(tmp_path_factory) -> SameIterations:
+    """Per run (made at its first use): its history, final actor/engine digests, every dialogue played (turns with
+    token ids and log-probs, rewards, seats), its phase records, Ray's device slots and ``topology.json``."""
+    return SameIterations(tmp_path_factory.mktemp("same_iterations"))
