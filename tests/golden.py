@@ -56,7 +56,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 REFERENCES = Path(__file__).parent / "references"
@@ -181,20 +181,26 @@ def differences(path: str, want: dict, got: dict) -> list[str]:
     if len(want["iterations"]) != len(got["iterations"]):
         out.append(f"{path}: {len(got['iterations'])} iterations, recorded {len(want['iterations'])}")
     for w, g in zip(want["iterations"], got["iterations"]):
-        k = w["iteration"]
-        for key in [key for key, value in w.items() if key != "iteration" and not isinstance(value, dict)]:
-            if not _same(w[key], g.get(key)):
-                out.append(f"{path}: iteration {k}: {key} {_show(g.get(key))}, recorded {_show(w[key])}")
-        for role in sorted(key for key, value in w.items() if isinstance(value, dict)):
-            for key, value in w[role].items():
-                new = g.get(role, {}).get(key)
-                if not _same(value, new):
-                    out.append(f"{path}: iteration {k}: {role} {key} {new}, recorded {value}")
+        out += _iteration_differences(path, w, g)
     for role, digest in want["digests"].items():
         if got["digests"].get(role) != digest:
             out.append(f"{path}: {role}'s final weights digest {got['digests'].get(role)}, recorded {digest}")
     if "counts" in want and got.get("counts") != want["counts"]:
         out.append(f"{path}: counts {got.get('counts')}, recorded {want['counts']}")
+    return out
+
+
+def _iteration_differences(path: str, w: Mapping, g: Mapping) -> list[str]:
+    k = w["iteration"]
+    out = []
+    for key in [key for key, value in w.items() if key != "iteration" and not isinstance(value, dict)]:
+        if not _same(w[key], g.get(key)):
+            out.append(f"{path}: iteration {k}: {key} {_show(g.get(key))}, recorded {_show(w[key])}")
+    for role in sorted(key for key, value in w.items() if isinstance(value, dict)):
+        for key, value in w[role].items():
+            new = g.get(role, {}).get(key)
+            if not _same(value, new):
+                out.append(f"{path}: iteration {k}: {role} {key} {new}, recorded {value}")
     return out
 
 
@@ -207,6 +213,41 @@ def _same(want, got) -> bool:
 
 def _show(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def watch(path: str) -> Callable[[Sequence[str], Mapping], None] | None:
+    """A check of each iteration of a run of ``path`` as it ends, against this machine's reference: the run stops at
+    the first iteration that moved, failing as :func:`check` would with that iteration's moved values (a wrong run
+    need not play on: scripts/mutation_check.py's mutated runs end there). None where :func:`check` alone decides:
+    when recording, and where this machine has no reference."""
+    file = reference_file(path, machine())
+    if _recording(path) or not file.exists():
+        return None
+    want = json.loads(file.read_text())
+    if want.get("machine") != machine():
+        return None
+    learning = path in LEARNING
+
+    def check_iteration(roles: Sequence[str], metrics: Mapping) -> None:
+        import pytest
+
+        got = json.loads(json.dumps(trajectory([metrics], roles, {}, learning)))["iterations"][0]
+        recorded = [w for w in want["iterations"] if w["iteration"] == got["iteration"]]
+        diff = _iteration_differences(path, recorded[0], got) if recorded else []
+        if diff:
+            pytest.fail(_moved(path, file, diff, f" (the run stopped at iteration {got['iteration']})"), pytrace=False)
+
+    return check_iteration
+
+
+def _moved(path: str, file: Path, diff: list[str], stopped: str = "") -> str:
+    return (
+        "the seeded run of path '{0}' learned something else than recorded (tests/references/{1}){4}:\n  {2}\n"
+        'If the change is meant, re-record and say why: python scripts/record_golden.py --why "..." {0} (this '
+        "machine, {3}, recorded the reference: the code moved, not the CPU)".format(
+            path, file.name, "\n  ".join(diff[:12]), machine(), stopped
+        )
+    )
 
 
 def check(path: str, history: Sequence[Mapping], roles: Sequence[str], digests: Mapping[str, str]) -> None:
@@ -244,11 +285,4 @@ def check(path: str, history: Sequence[Mapping], roles: Sequence[str], digests: 
         pytest.fail("\n".join(unlearned(path, want)) + f" (tests/references/{file.name})", pytrace=False)
     diff = differences(path, want, got)
     if diff:
-        pytest.fail(
-            "the seeded run of path '{0}' learned something else than recorded (tests/references/{1}):\n  {2}\n"
-            'If the change is meant, re-record and say why: python scripts/record_golden.py --why "..." {0} (this '
-            "machine, {3}, recorded the reference: the code moved, not the CPU)".format(
-                path, file.name, "\n  ".join(diff[:12]), here
-            ),
-            pytrace=False,
-        )
+        pytest.fail(_moved(path, file, diff), pytrace=False)

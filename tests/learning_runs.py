@@ -15,6 +15,7 @@ One Ray serves every run of a session (:func:`shared_ray`): each run's start-up 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -78,9 +79,11 @@ def shared_ray():
         ray.shutdown()
 
 
-def learn(path: str, run_dir: Path) -> dict:
-    """Make the run of ``path`` in the Ray that is up: its history, roles and each role's final weights digest (a LoRA role's: its adapter's); every
-    process and placement group it started is gone when this returns."""
+def learn(path: str, run_dir: Path, each_iteration: Callable[[list[str], dict], None] | None = None) -> dict:
+    """Make the run of ``path`` in the Ray that is up: its history, roles and each role's final weights digest (a
+    LoRA role's: its adapter's); every process and placement group it started is gone when this returns (also when
+    it raised). ``each_iteration(roles, metrics)``: called as each iteration ends (tests/golden.py's ``watch``: it may
+    raise, and the run stops there)."""
     from ray.util.placement_group import placement_group_table, remove_placement_group
 
     from marti_ibrl.backend.internals import placement_group
@@ -88,6 +91,15 @@ def learn(path: str, run_dir: Path) -> dict:
     from marti_ibrl.trainer import IBRLTrainer
 
     trainer = IBRLTrainer(load_config(flags(path, run_dir)))
+    if each_iteration is not None:
+        log_train = trainer.logger.log_train
+
+        def logged(k: int, metrics: dict) -> None:
+            log_train(k, metrics)
+            if "iteration" in metrics:  # an iteration's metrics (not the transcripts' sample text, logged too)
+                each_iteration(list(trainer.roles), metrics)
+
+        trainer.logger.log_train = logged
     try:
         history = trainer.fit()
         digests = {r: s.adapter_digest() if s.lora else s.weights_digest() for r, s in trainer.stacks.items()}

