@@ -43,7 +43,8 @@
 #
 # Environment (all optional): MARTI_IBRL (the marti-ibrl executable; default: on PATH, else .venv/bin),
 # RAY / PYTHON (default: beside MARTI_IBRL), RUN_DIR (default: runs/<job name>-<job id> in the repository),
-# GPU_MEMORY_GIB (per GPU, default 80), RAY_PORT (6379), RAY_DASHBOARD_PORT (8265), RAY_CLIENT_PORT (10001),
+# GPU_MEMORY_GIB (per GPU; default: in a job, nvidia-smi's answer on the first node, else an error; with --plan,
+# 80), RAY_PORT (6379), RAY_DASHBOARD_PORT (8265), RAY_CLIENT_PORT (10001),
 # RAY_AGENT_PORT (the head's dashboard agent, 52365; `ray job submit` goes through it), RAY_WORKER_AGENT_PORT (the
 # other nodes' agents, default RAY_AGENT_PORT: Ray nodes sharing one machine, as on the local Slurm of
 # recipes/local-slurm.sh, need distinct ones, since every agent also listens on 127.0.0.1), RAY_RUNTIME_ENV_AGENT_PORT
@@ -52,7 +53,6 @@
 # variables (model paths, API keys) before sbatch; the Ray processes and the training job inherit them.
 
 RUN_DIR=${RUN_DIR:-$IBRL_ROOT/runs/${SLURM_JOB_NAME:-$IBRL_NAME}-${SLURM_JOB_ID:-local}}
-GPU_MEMORY_GIB=${GPU_MEMORY_GIB:-80}
 
 ibrl_die() {
     echo "$IBRL_NAME: error: $*" >&2
@@ -123,9 +123,29 @@ ibrl_check_shared() {
 }
 
 ibrl_plan() {  # ibrl_plan NODES GPUS_PER_NODE [plan options]: the allocation first, so flags in TRAIN_FLAGS win
-    local nodes=$1 gpn=$2
+    local nodes=$1 gpn=$2 memory
     shift 2
-    ibrl_here "$MARTI_IBRL" plan --nodes "$nodes" --gpus-per-node "$gpn" --gpu-memory "$GPU_MEMORY_GIB" "${TRAIN_FLAGS[@]}" "$@"
+    memory=$(ibrl_gpu_memory) || exit 2
+    ibrl_here "$MARTI_IBRL" plan --nodes "$nodes" --gpus-per-node "$gpn" --gpu-memory "$memory" "${TRAIN_FLAGS[@]}" "$@"
+}
+
+# ibrl_gpu_memory: GiB per GPU for the plan. GPU_MEMORY_GIB when set. In a job, else, the node's own: the smallest
+# GPU of the first node as `nvidia-smi` there reports it (in the container when one is set), and without nvidia-smi
+# one line asking for GPU_MEMORY_GIB (a preflight that guessed 80 GiB passed jobs that ran out of memory on 40 GiB
+# GPUs). Outside a job (--plan): 80, the GPUs the recipes are written for (--gpu-memory after the recipe wins).
+ibrl_gpu_memory() {
+    if [[ -n ${GPU_MEMORY_GIB:-} ]]; then
+        echo "$GPU_MEMORY_GIB"
+    elif [[ -z ${IBRL_HEAD:-} ]]; then
+        echo 80
+    else
+        local mib
+        mib=$(ibrl_here nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | sort -n | head -n 1)
+        [[ $mib =~ ^[0-9]+$ ]] || ibrl_die "cannot tell the memory of this job's GPUs (no nvidia-smi answer on" \
+            "$IBRL_HEAD): set GPU_MEMORY_GIB, GiB per GPU, e.g. GPU_MEMORY_GIB=40 sbatch $RECIPE"
+        local tenths=$((mib * 10 / 1024))  # MiB to GiB, rounded down to a tenth: never more than the GPU has
+        echo "$((tenths / 10)).$((tenths % 10))"
+    fi
 }
 
 # ibrl_worker_start RAY_START_COMMAND...: a worker node's `ray start --block`, run in its srun step and started again

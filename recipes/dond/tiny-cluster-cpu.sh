@@ -28,4 +28,6 @@ if [[ ${RECIPE##*/} == slurm_script ]]; then
     RECIPE=$(cd "$SLURM_SUBMIT_DIR" && realpath "$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')")
 fi
 source "$(dirname "$RECIPE")/../prologue.sh"
+# on CPU no nvidia-smi reports a GPU's memory, and the plan counts device slots only: the figure is never used
+GPU_MEMORY_GIB=${GPU_MEMORY_GIB:-80}
 source "$RECIPE_DIR/train-flags.sh"

@@ -454,3 +454,50 @@ def test_a_worker_ray_start_that_fails_otherwise_is_not_started_again(tmp_path):
         assert (tmp_path / "tries").read_text() == "1\n"
     finally:
         subprocess.run(["kill", (tmp_path / "left").read_text().strip()])
+
+
+def _in_job_plan(tmp_path: Path, env: dict, nvidia_smi: str | None, flags: list[str], *call: str):
+    """recipes/slurm-ray.sh in a job whose first node is n1 (``IBRL_HEAD``), with ``nvidia-smi`` a stand-in printing
+    NVIDIA_SMI (None: one that fails, as where there is no GPU), then ``call`` with TRAIN_FLAGS = ``flags``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "nvidia-smi"
+    body = f"printf '{nvidia_smi}'" if nvidia_smi is not None else "echo 'NVIDIA-SMI has failed' >&2; exit 9"
+    fake.write_text(f"#!/usr/bin/env bash\n[[ $* == *memory.total* ]] || exit 3\n{body}\n")
+    fake.chmod(0o755)
+    script = (
+        f"RECIPE={ROOT}/recipes/dond/qwen3.5-4b.sh; source {ROOT}/recipes/prologue.sh; "
+        f'source {ROOT}/recipes/slurm-ray.sh; IBRL_HEAD=n1; TRAIN_FLAGS=("$@"); {" ".join(call)}'
+    )
+    env = {**env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "5"}
+    env.pop("GPU_MEMORY_GIB", None)
+    return subprocess.run(["bash", "-c", script, "in-job", *flags], env=env, capture_output=True, text=True)
+
+
+def test_the_in_job_preflight_plans_with_the_nodes_own_gpu_memory(checkpoints, tmp_path):
+    env = recipe_env("dond/qwen3.5-4b", checkpoints, tmp_path)
+    flags = recipe_flags("dond/qwen3.5-4b", env)
+    nodes, gpus = sbatch_allocation("dond/qwen3.5-4b")
+    # nvidia-smi's smallest GPU, MiB to GiB rounded down to a tenth (an H100's 81559 MiB: 79.6)
+    asked = _in_job_plan(tmp_path, env, "81559\n81559\n", [], "ibrl_gpu_memory")
+    assert (asked.returncode, asked.stdout) == (0, "79.6\n"), asked.stderr
+    asked = _in_job_plan(tmp_path, env, "81920\n40960\n", [], "ibrl_gpu_memory")
+    assert asked.stdout == "40.0\n"
+    # the recipe, written for 80 GiB, fits an H100 node and is refused on a 40 GiB one before anything starts
+    fits = _in_job_plan(tmp_path, env, "81559\n", flags, "ibrl_plan", str(nodes), str(gpus), "--strict")
+    assert fits.returncode == 0 and "(of 79.6)" in fits.stdout, fits.stdout + fits.stderr
+    refused = _in_job_plan(tmp_path, env, "40960\n", flags, "ibrl_plan", str(nodes), str(gpus), "--strict")
+    assert refused.returncode == 2 and "(of 40.0)" in refused.stdout, refused.stdout + refused.stderr
+    # GPU_MEMORY_GIB wins; without it and without an answer from nvidia-smi: one line asking for it, no plan
+    told = _in_job_plan(tmp_path, env, None, [], "GPU_MEMORY_GIB=40;", "ibrl_gpu_memory")
+    assert (told.returncode, told.stdout) == (0, "40\n"), told.stderr
+    unknown = _in_job_plan(tmp_path, env, None, flags, "ibrl_plan", str(nodes), str(gpus), "--strict")
+    assert (unknown.returncode, unknown.stdout) == (2, "")
+    assert unknown.stderr == (
+        "qwen3.5-4b: error: cannot tell the memory of this job's GPUs (no nvidia-smi answer on n1): set "
+        f"GPU_MEMORY_GIB, GiB per GPU, e.g. GPU_MEMORY_GIB=40 sbatch {ROOT}/recipes/dond/qwen3.5-4b.sh\n"
+    )
+    # outside a job (--plan): the 80 GiB the recipes are written for
+    outside = subprocess.run(["bash", str(ROOT / "recipes/dond/qwen3.5-4b.sh"), "--plan"], env=env,
+                             capture_output=True, text=True)  # fmt: skip
+    assert outside.returncode == 0 and "(of 80.0)" in outside.stdout, outside.stdout + outside.stderr
