@@ -6,7 +6,9 @@
 ``--env.KEY VALUE`` flags set the environment as ``train`` does (its dialogues are rendered as the RL rollout will
 show them, so give the same ones). ``OUT`` is the checkpoint (HF model and tokenizer), with ``sft_data.jsonl``,
 ``sft.log`` and ``sft_record.json`` (how it was made, the valid self-played turns before and after); train from it
-with ``--roleN.pretrain OUT``. Bad input is one line and exit 2 before any training; a failed training exits 1.
+with ``--roleN.pretrain OUT``. Bad input is one line and exit 2 before any training (records longer than
+``--max-len`` included: OpenRLHF would drop or cut them silently); a failed training exits 1, and so does a warm start
+whose valid self-played turns are under ``--min-valid`` (it learned nothing usable; the checkpoint is kept).
 
 The old form ``marti-ibrl sft --role sales|customer --transcripts FILE`` is ``marti-ibrl telesales sft`` (TeleSales'
 SFT on call transcripts) and still works, after one line saying so.
@@ -84,7 +86,7 @@ def make(args: argparse.Namespace, flags: list[str]) -> int:
     command = " ".join(["marti-ibrl sft", *map(shlex.quote, sys.argv[2:])]) if sys.argv[1:2] == ["sft"] else ""
     hparams = {k: getattr(args, k) for k in DEFAULTS}
     try:
-        warm_start(
+        record = warm_start(
             env_cfg,
             args.pretrain,
             args.out,
@@ -99,6 +101,13 @@ def make(args: argparse.Namespace, flags: list[str]) -> int:
         return _fail(str(e))
     except RuntimeError as e:  # OpenRLHF's SFT trainer failed: its log's tail
         print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    valid = record["valid_turns"]["sft"]
+    if valid < args.min_valid:  # it ran to the end and learned nothing usable: say so, keep what it made
+        print(f"{PROG}: error: the warm start plays {valid:.0%} valid turns in self-play, under --min-valid "
+              f"{args.min_valid:.0%}: it did not learn the game's format. Kept in {args.out} (remove it to retry); "
+              "try more --dialogues, a higher --lr (a tiny model from scratch: 7e-3) or more --epochs",
+              file=sys.stderr)  # fmt: skip
         return 1
     print(f"warm start: {args.out} (how it was made: {Path(args.out) / 'sft_record.json'}); train from it with "
           f"--roleN.pretrain {args.out}")  # fmt: skip
@@ -130,6 +139,9 @@ def add_sft_parser(sub) -> None:
     p.add_argument("--max-len", type=int_range(2), default=None,
                    help=f"tokens per record (default: {DEFAULTS['max_len']})")  # fmt: skip
     p.add_argument("--seed", type=int, default=42, help="default: 42")
+    p.add_argument("--min-valid", type=float_range(0, 1), default=0.5, metavar="SHARE",
+                   help="the warm start's valid self-played turns below which the command fails (exit 1, the "
+                   "checkpoint kept; default: 0.5)")  # fmt: skip
     old = p.add_argument_group("TeleSales' call transcripts (marti-ibrl telesales sft; this old form still works)")
     old.add_argument("--role", default=None, help="sales | customer")
     old.add_argument("--transcripts", default=None, metavar="FILE.jsonl")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from marti_ibrl.sft.checks import valid_turns
-from marti_ibrl.sft.data import scripted_records, write_sft_data
+from marti_ibrl.sft.data import Record, scripted_records, write_sft_data
 from marti_ibrl.sft.train import run_sft, sft_loss_curve
 
 SFT_RECORD = "sft_record.json"
@@ -50,6 +50,19 @@ def players_of(env: Any, names: Sequence[str] | None, title: str) -> dict[str, A
     if unknown:
         raise ValueError(f"--players: {title} has no scripted player {unknown[0]!r}; it has {', '.join(players)}")
     return {n: players[n] for n in names} if names else players
+
+
+def too_long(pretrain: str, records: Sequence[Record], max_len: int) -> tuple[int, int]:
+    """How many ``records`` are longer than ``max_len`` tokens as ``pretrain``'s chat template renders them (all
+    their messages), and the longest's length. OpenRLHF's SFT dataset drops a record whose turns before its last reach
+    ``max_len - 2`` tokens and cuts any other at ``max_len``, silently: a record over ``max_len`` is one of those."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(pretrain)
+    lengths = [
+        len(tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"]) for r in records
+    ]
+    return sum(n > max_len for n in lengths), max(lengths, default=0)
 
 
 def warm_start(
@@ -90,6 +103,15 @@ def warm_start(
         records = scripted_records(env, played, chosen, seed)
     except RuntimeError as e:  # a scripted player broke the env's rules
         raise ValueError(f"{env_cfg.name}: {e}") from None
+    max_len = hparams.get("max_len")
+    if max_len is not None:
+        long, longest = too_long(pretrain, records, max_len)
+        if long:  # OpenRLHF's SFT would drop them, or cut their last turns, without a word
+            raise ValueError(
+                f"{long} of {len(records)} SFT records are longer than --max-len {max_len} tokens with {pretrain}'s "
+                f"chat template (the longest: {longest}); OpenRLHF would drop or cut them: give --max-len {longest} "
+                "or more, or shorter dialogues"
+            )
     data = write_sft_data(out / DATA_FILE, records)
     say(f"{len(records)} SFT records from {dialogues} dialogues of {', '.join(chosen)} -> {data}")
     _, check = make_env(env_cfg, seed + 2)

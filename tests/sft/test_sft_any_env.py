@@ -4,6 +4,7 @@ Training itself: tests/package/test_examples.py::test_split_coins_trains_then_is
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -86,6 +87,7 @@ def test_sft_refuses_bad_input_in_one_line_before_training(tmp_path, monkeypatch
         (("--env", "nosuchmodule:Game"), "nosuchmodule"),
         (("--env", "dond", "--batch-size", "6", "--micro-batch-size", "4"), "not a multiple of --micro-batch-size"),
         (("--env", "dond", "--transcripts", "calls.jsonl"), "give one or the other"),
+        (("--env", "split_coins:SplitCoins", "--max-len", "40"), "SFT records are longer than --max-len 40 tokens"),
         ((), "--env NAME is required"),
     ]
     for argv, why in cases:
@@ -100,4 +102,47 @@ def test_sft_refuses_bad_input_in_one_line_before_training(tmp_path, monkeypatch
     assert _sft(tmp_path, "--env", "split_coins:SplitCoins") == 2
     assert "already holds a model" in capsys.readouterr().err
     assert json.loads((tmp_path / "sft" / "config.json").read_text()) == {}  # untouched
+    sys.modules.pop("split_coins", None)
+
+
+def test_records_longer_than_max_len_are_counted_with_the_longest_named(tmp_path, monkeypatch, capsys) -> None:
+    """OpenRLHF's SFT drops or cuts a record over ``--max-len`` without a word (issue 65: every record of a TextArena
+    game dropped, then OpenRLHF's own error about gradient-accumulation windows): refused before training instead."""
+    from marti_ibrl.sft.make import too_long
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setattr("marti_ibrl.sft.make.run_sft", lambda *a, **k: pytest.fail("trained"))
+    model = tmp_path / "tiny"
+    from marti_ibrl.tiny import build_tiny_model
+
+    build_tiny_model(model, ["OFFER 1 ACCEPT REJECT"], vocab_size=300)
+    env, scenarios = make_env(EnvConfig(name="split_coins:SplitCoins"), seed=0)
+    records = scripted_records(env, [pot for _, pot in scenarios[:4]], env.scripted_players(), seed=0)
+    long, longest = too_long(str(model), records, 10**6)
+    assert long == 0 and longest > 40
+    assert too_long(str(model), records, longest) == (0, longest)
+    assert too_long(str(model), records, longest - 1)[0] >= 1
+    assert _sft(tmp_path, "--env", "split_coins:SplitCoins", "--dialogues", "4", "--max-len", str(longest - 1)) == 2
+    err = _one_line(capsys)
+    assert len(err) == 1 and f"longer than --max-len {longest - 1} tokens" in err[0], err
+    assert int(re.search(r"give --max-len (\d+) or more", err[0]).group(1)) >= longest  # (the CLI's own dialogues)
+    assert not (tmp_path / "sft" / "sft_data.jsonl").exists()  # refused before anything was written
+    sys.modules.pop("split_coins", None)
+
+
+def test_a_warm_start_under_min_valid_fails_in_one_line_and_is_kept(tmp_path, monkeypatch, capsys) -> None:
+    """A run of SFT that ends but learned nothing usable (issue 65: "exit 0, valid self-played turns 0% before, 0%
+    after") exits 1 naming what to change; what it made stays where it is."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    made = {"valid_turns": {"base": 0.0, "sft": 0.12}}
+    monkeypatch.setattr("marti_ibrl.sft.make.warm_start", lambda *a, **k: made)
+    assert _sft(tmp_path, "--env", "split_coins:SplitCoins") == 1
+    err = _one_line(capsys)
+    assert len(err) == 1 and err[0].startswith(
+        "marti-ibrl sft: error: the warm start plays 12% valid turns in self-play, under --min-valid 50%"
+    ), err
+    assert "--lr" in err[0] and str(tmp_path / "sft") in err[0]
+    assert _sft(tmp_path, "--env", "split_coins:SplitCoins", "--min-valid", "0.1") == 0
+    made["valid_turns"]["sft"] = 0.5
+    assert _sft(tmp_path, "--env", "split_coins:SplitCoins") == 0  # the threshold itself passes
     sys.modules.pop("split_coins", None)
