@@ -196,7 +196,7 @@ def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, refere
     if not eval_dir:  # RUN_DIR/eval, or RUN_DIR itself when it is what `marti-ibrl eval --out` wrote
         eval_dir = run_dir if (run_dir / "pairs.json").exists() else run_dir / "eval"
     eval_dir = Path(eval_dir)
-    spec = _own_evaluation_missing(run_dir)
+    spec = _own_evaluation_missing(run_dir) if (eval_dir / "pairs.json").exists() else None
     if (eval_dir / "pairs.json").exists() and spec is not None:  # an env evaluated by its rewards (eval/generic.py)
         from marti_ibrl.eval.generic import write_tables as rewards_tables
 
@@ -237,14 +237,24 @@ def said_markdown(run_dir: Path, shown: int = 1) -> str | None:
 
 def _own_evaluation_missing(run_dir: Path):
     """The run's environment spec when it has no evaluation of its own (its eval directory holds the tables of
-    :mod:`marti_ibrl.eval.generic`), else None (DoND's, or a run whose config cannot be read)."""
+    :mod:`marti_ibrl.eval.generic`), else None (DoND's, or a directory with no training config: an eval directory).
+    An environment the config names that does not load here is a ``ValueError`` saying so: its evaluation is read
+    through it (before, the report fell back to DoND's tables and failed in DoND's scenario parser)."""
     from marti_ibrl.envs import registry
     from marti_ibrl.eval.run_config import run_env_name
 
     try:
-        spec = registry.get(run_env_name(str(run_dir)))
-    except (ValueError, ImportError, AttributeError, TypeError):
+        name = run_env_name(str(run_dir))
+    except ValueError:
         return None
+    try:
+        spec = registry.get(name)
+    except (ValueError, ImportError, AttributeError, TypeError) as e:
+        reason = " ".join(str(e).split())
+        raise ValueError(
+            f"{run_dir}: the run's environment {name} does not load here ({reason}); its evaluation is read through "
+            "it: make it importable as for train (e.g. PYTHONPATH=DIR marti-ibrl report ...)"
+        ) from None
     return spec if spec.evaluate is None else None
 
 

@@ -337,3 +337,29 @@ def test_cli_report(eval_dir, tmp_path, capsys):
     assert main(["report", str(eval_dir), "--reference", "B"]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {eval_dir / 'report.md'}"
     assert "| hardliner | A | B |" in (eval_dir / "report.md").read_text()
+
+
+def test_a_run_whose_game_does_not_load_here_says_so_in_one_line(eval_dir, tmp_path, capsys):
+    """Issue 65: ``report RUN`` with the run's game off ``PYTHONPATH`` fell back to DoND's tables and failed in DoND's
+    scenario parser ("a scenario needs 'counts' and 'values' ..."); its training curves need no game at all."""
+    import shutil
+
+    from marti_ibrl.cli import main
+
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "config.yaml").write_text("env:\n  name: sealed_trade_not_here:SealedTrade\n")
+    history = [{"iteration": k, "buyer/reward": 0.1 * k, "seller/reward": 0.0, "rollout/agreement": 0.0,
+                "rollout/malformed": 0.0} for k in (1, 2)]  # fmt: skip
+    (run / "trainer_state.json").write_text(json.dumps({"iteration": 2, "history": history}))
+    assert main(["report", str(run)]) == 0  # training only: the game is not needed
+    capsys.readouterr()
+    for name in ("pairs.json", "episodes"):
+        src = eval_dir / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, run / "eval" / name)
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"marti-ibrl report: error: {run}: the run's environment sealed_trade_not_here:SealedTrade does not load here ("
+    ), err
+    assert "sealed_trade_not_here" in err[0].split("(", 1)[1] and "PYTHONPATH" in err[0]
