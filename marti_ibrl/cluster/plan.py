@@ -131,8 +131,8 @@ def make_plan(
                 )
     if hint:
         problems.append(
-            "for the DeepSpeed ranks try --ds.zero_stage 3, --ds.gradient_checkpointing true, more ranks "
-            "(--roleN.num_gpus_per_node) or smaller --train.micro_batch_size / --rollout.micro_batch_size"
+            f"for the DeepSpeed ranks try {', '.join(_remedies(cfg))}, more ranks (--roleN.num_gpus_per_node) or "
+            "smaller --train.micro_batch_size / --rollout.micro_batch_size"
         )
     plan = Plan(cfg, components, usages, nodes, gpus_per_node, gpu_memory, models, list(assumed or []), problems)
     if gpu_device and colocated(cfg):
@@ -140,6 +140,19 @@ def make_plan(
     plan.problems = list(dict.fromkeys(problems))  # a role's engines and pool engines share its settings
     plan.lora = lora_summary(cfg, models)
     return plan
+
+
+def _remedies(cfg) -> list[str]:
+    """The memory-saving settings for DeepSpeed ranks that ``cfg`` does not use yet (a hint never suggests what the
+    job already sets): ZeRO-3, gradient checkpointing, LoRA adapters (``plan --fit`` lists whole layouts)."""
+    out = []
+    if cfg.ds.zero_stage != 3:
+        out.append("--ds.zero_stage 3")
+    if not cfg.ds.gradient_checkpointing:
+        out.append("--ds.gradient_checkpointing true")
+    if any(not r.lora_rank and not r.frozen for r in cfg.roles):  # (a frozen role has no DeepSpeed ranks)
+        out.append("LoRA roles (--roleN.lora_rank 16: no optimizer state for the base weights)")
+    return out
 
 
 def _plan_phases(p: Plan) -> None:
@@ -156,7 +169,7 @@ def _plan_phases(p: Plan) -> None:
         how = (
             "lower --roleN.gpu_memory_utilization, or --ds.zero_stage 3 to split the weights that stay"
             if pu.phase.engines_awake
-            else "try --ds.zero_stage 3, --ds.gradient_checkpointing true or smaller micro-batches"
+            else f"try {', '.join([*_remedies(p.cfg), 'smaller micro-batches'])}"
         )
         p.problems.append(f"{where} needs {gib(pu.total)} GiB per GPU > {gib(limit)} GiB ({parts_text(pu)}); {how}")
 
