@@ -7,6 +7,9 @@ the trained roles — the same for each full-weight role, as the paper's recipes
   engines on the same GPUs, engines asleep while DeepSpeed trains);
 * actor ranks per role (1, 2, 4, 8, or whole nodes beyond), ``--roleN.colocate_ref`` (the reference on the actor's
   GPUs), ZeRO stage 2 or 3, gradient checkpointing, the update micro-batch (the recipe's, or 1);
+* the roles as the config has them, then every full-weight trained role as a rank-16 LoRA role (adapters on the
+  frozen checkpoint: no optimizer state for the base, no reference model, adapter pools; a different training than
+  full weights, so these rank after every full-weight layout and the listing says so);
 * engines per role and their tensor-parallel size (``none``: every GPU left after the actors, references and pool
   engines; ``all``: one engine GPU per actor GPU, each engine given 0.2-0.4 of a GPU), 1 or 2 pool engines per
   role,
@@ -33,6 +36,7 @@ from marti_ibrl.config import Config, ConfigError, Existence, validate
 RANKS = (1, 2, 4, 8, 16, 32)
 TENSOR_PARALLEL = (1, 2, 4, 8)
 POOL_ENGINES = (1, 2)
+LORA_RANK = 16  # the LoRA layouts' adapter rank (the repository's LoRA tests and learning path train rank 16)
 COLOCATED_KV = (0.2, 0.3, 0.4)  # --roleN.gpu_memory_utilization of colocated engines (two roles' on one GPU)
 
 
@@ -47,6 +51,7 @@ class Layout:
     peak_gib: float  # the largest memory per GPU of any component (or phase, colocated)
     summary: str = ""
     changed: int = field(default=0)
+    lora: bool = False  # the layout makes full-weight roles LoRA roles
 
 
 def _role_flags(i: int, ranks: int, gpus_per_node: int) -> dict[str, object]:
@@ -71,7 +76,17 @@ def _flag_value(value: object) -> str:
 
 
 def candidates(cfg: Config, nodes: int, gpus_per_node: int):
-    """(values, changed config) for every layout of the search space (module doc) on ``nodes × gpus_per_node``."""
+    """(values, changed config) for every layout of the search space (module doc) on ``nodes × gpus_per_node``: the
+    roles as the config has them, then (where some trained role has full weights) every one of them as LoRA roles."""
+    yield from _candidates(cfg, {}, nodes, gpus_per_node)
+    full = [(i, r) for i, r in enumerate(cfg.roles, start=1) if not r.frozen and r.lora_rank == 0]
+    if full:
+        lora: dict[str, object] = {f"role{i}.lora_rank": LORA_RANK for i, _ in full}
+        lora |= {f"role{i}.colocate_ref": False for i, r in full if r.colocate_ref}  # (a LoRA role has no reference)
+        yield from _candidates(_apply(cfg, lora), lora, nodes, gpus_per_node)
+
+
+def _candidates(cfg: Config, fixed: dict[str, object], nodes: int, gpus_per_node: int):
     total = nodes * gpus_per_node
     trained = [(i, r) for i, r in enumerate(cfg.roles, start=1) if not r.frozen]
     full = [(i, r) for i, r in trained if r.lora_rank == 0]
@@ -84,7 +99,7 @@ def candidates(cfg: Config, nodes: int, gpus_per_node: int):
     ):
         if tp > gpus_per_node or (ranks > gpus_per_node and ranks % gpus_per_node):
             continue
-        base: dict[str, object] = {"train.colocate": mode, "ds.zero_stage": zero}
+        base: dict[str, object] = {**fixed, "train.colocate": mode, "ds.zero_stage": zero}
         base |= {"ds.gradient_checkpointing": ckpt, "train.micro_batch_size": mb}
         for i, _ in trained:
             base |= _role_flags(i, ranks, gpus_per_node) | {f"role{i}.tensor_parallel_size": tp}
@@ -171,11 +186,13 @@ def propose(
             max(peaks, default=0) / 2**30,
             summary=_summary(changed, plan),
             changed=len(flags) // 2,
+            lora=any(k.endswith(".lora_rank") for k in values),
         )
         key = tuple(flags)
         if key not in found:
             found[key] = layout
-    ranked = sorted(found.values(), key=lambda x: (x.idle, x.changed, -x.engine_gpus, x.peak_gib))
+    # the roles' own kind of training first: a LoRA layout only after every full-weight one (it trains less: module doc)
+    ranked = sorted(found.values(), key=lambda x: (x.lora, x.idle, x.changed, -x.engine_gpus, x.peak_gib))
     return ranked[:limit]
 
 
@@ -192,7 +209,8 @@ def _summary(cfg: Config, plan) -> str:
             else (", ref on actor GPUs" if r.colocate_ref or cfg.train.colocate != "none" else f", ref {ranks}")
         )
         engines = f"{r.num_engines} engine{'s' * (r.num_engines != 1)} × TP{r.tensor_parallel_size}"
-        parts.append(f"{r.name}: {ranks} rank{'s' * (ranks != 1)}{ref}, {engines}")
+        lora = f" LoRA r{r.lora_rank}" if r.lora_rank else ""
+        parts.append(f"{r.name}:{lora} {ranks} rank{'s' * (ranks != 1)}{ref}, {engines}")
     pool = next((c.count for c in plan.components if c.kind == "pool engines"), 0)
     tail = f"; {pool} pool engine{'s' * (pool != 1)} per role" if pool else ""
     return f"colocate {cfg.train.colocate}, ZeRO-{cfg.ds.zero_stage}: " + "; ".join(parts) + tail
@@ -224,6 +242,12 @@ def smallest_fit(
 def format_layouts(layouts: list[Layout], nodes: int, gpus_per_node: int, gpu_memory_gib: float) -> str:
     head = f"layouts that fit {nodes} × {gpus_per_node} GPUs of {gpu_memory_gib:g} GiB (best first):"
     lines = [head]
+    if any(x.lora for x in layouts):
+        lines.append(
+            f"(LoRA: rank-{LORA_RANK} adapters trained on the frozen checkpoint, which with the adapter off is the KL "
+            "reference; adapter pools. Far less memory than full weights, and far fewer trained parameters: another "
+            "run than the paper's full-weight one, not the same on less memory)"
+        )
     for n, x in enumerate(layouts, start=1):
         lines.append(
             f"{n}. {x.summary}\n   {x.gpus} GPUs ({x.idle} idle), {x.engine_gpus} engine GPUs, peak ~{x.peak_gib:.1f} "

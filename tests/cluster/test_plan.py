@@ -390,6 +390,29 @@ def test_every_layout_plan_fit_proposes_passes_plan_strict(recipe, checkpoints, 
     assert fitted >= 3  # 32, 16 and 8 GPUs of 80 GiB at least
 
 
+def test_plan_fit_proposes_lora_roles_where_no_full_weight_layout_fits(checkpoints, tmp_path, capsys):
+    """Issue 65: 2 nodes × 4 GPUs of 40 GiB and the 4B DoND recipe: "the smallest change that fits: --nodes 5", though
+    LoRA roles fit (found by hand). LoRA layouts now come after every full-weight one, saying what they change."""
+    from marti_ibrl.cluster.layouts import propose
+
+    flags = recipe_flags("dond/qwen3.5-4b", recipe_env("dond/qwen3.5-4b", checkpoints, tmp_path))
+    alloc = ["--nodes", "2", "--gpus-per-node", "4", "--gpu-memory", "40"]
+    assert cli_main(["plan", *flags, *alloc, "--fit"]) == 0
+    out = capsys.readouterr().out
+    assert "(LoRA: rank-16 adapters trained on the frozen checkpoint" in out and "far fewer trained parameters" in out
+    layouts = propose(load_config(flags), nodes=2, gpus_per_node=4, gpu_memory_gib=40)
+    assert layouts and all(x.lora for x in layouts)  # nothing of full weights fits here
+    for layout in layouts:
+        assert layout.flags[:8] == [*("--role1.lora_rank", "16", "--role2.lora_rank", "16"),
+                                    *("--role1.colocate_ref", "false", "--role2.colocate_ref", "false")]  # fmt: skip
+        assert cli_main(["plan", *flags, *layout.flags, *alloc, "--strict"]) == 0, layout.flags
+        assert capsys.readouterr().out.splitlines()[-1] == "fits"
+    # where full weights fit, they come first: the recipe's own allocation lists no LoRA layout before them
+    mixed = propose(load_config(flags), nodes=1, gpus_per_node=8, gpu_memory_gib=80, limit=1000)
+    kinds = [x.lora for x in mixed]
+    assert False in kinds and True in kinds and kinds == sorted(kinds)
+
+
 def test_the_plan_fit_table_in_the_docs_is_current():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan_fit_table.py"), "--check"], capture_output=True,
                           text=True)  # fmt: skip
