@@ -145,13 +145,15 @@ def make_plan(
 def _remedies(cfg) -> list[str]:
     """The memory-saving settings for DeepSpeed ranks that ``cfg`` does not use yet (a hint never suggests what the
     job already sets): ZeRO-3, gradient checkpointing, LoRA adapters (``plan --fit`` lists whole layouts)."""
+    from marti_ibrl.cluster.layouts import LORA_RANK  # (plan --fit's LoRA layouts: the same rank)
+
     out = []
     if cfg.ds.zero_stage != 3:
         out.append("--ds.zero_stage 3")
     if not cfg.ds.gradient_checkpointing:
         out.append("--ds.gradient_checkpointing true")
     if any(not r.lora_rank and not r.frozen for r in cfg.roles):  # (a frozen role has no DeepSpeed ranks)
-        out.append("LoRA roles (--roleN.lora_rank 16: no optimizer state for the base weights)")
+        out.append(f"LoRA roles (--roleN.lora_rank {LORA_RANK}: no optimizer state for the base weights)")
     return out
 
 
