@@ -30,13 +30,13 @@ import copy
 import itertools
 from dataclasses import dataclass, field
 
+from marti_ibrl.cluster.memory import LORA_RANK
 from marti_ibrl.cluster.placement import device_slots, has_reference, uses_pool
 from marti_ibrl.config import Config, ConfigError, Existence, validate
 
 RANKS = (1, 2, 4, 8, 16, 32)
 TENSOR_PARALLEL = (1, 2, 4, 8)
 POOL_ENGINES = (1, 2)
-LORA_RANK = 16  # the LoRA layouts' adapter rank (the repository's LoRA tests and learning path train rank 16)
 COLOCATED_KV = (0.2, 0.3, 0.4)  # --roleN.gpu_memory_utilization of colocated engines (two roles' on one GPU)
 
 

@@ -52,6 +52,9 @@ from marti_ibrl.config import Config
 GiB = 1024**3
 MAX_GPU_MEMORY_GIB = 16384.0
 """The largest GPU memory a plan takes, in GiB (16 TiB: far above any device; a larger number is a typo)."""
+LORA_RANK = 16
+"""The adapter rank a plan proposes for LoRA roles (``plan --fit``'s layouts, the memory hint): the rank the
+repository's LoRA tests and learning path train."""
 PROCESS_OVERHEAD = 1 * GiB
 """Per DeepSpeed process: CUDA context, NCCL buffers, allocator fragmentation (assumption)."""
 VLLM_RUNTIME = 2 * GiB

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from marti_ibrl.cluster.memory import (
+    LORA_RANK,
     MAX_GPU_MEMORY_GIB,
     VLLM_RUNTIME,
     GiB,
@@ -145,8 +146,6 @@ def make_plan(
 def _remedies(cfg) -> list[str]:
     """The memory-saving settings for DeepSpeed ranks that ``cfg`` does not use yet (a hint never suggests what the
     job already sets): ZeRO-3, gradient checkpointing, LoRA adapters (``plan --fit`` lists whole layouts)."""
-    from marti_ibrl.cluster.layouts import LORA_RANK  # (plan --fit's LoRA layouts: the same rank)
-
     out = []
     if cfg.ds.zero_stage != 3:
         out.append("--ds.zero_stage 3")
