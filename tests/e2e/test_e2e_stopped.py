@@ -49,17 +49,21 @@ def _train(model: str, run_dir: Path, log: Path, iterations: int, *extra: str) -
     return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _ended(proc: subprocess.Popen, timeout: float) -> int:
+    """``proc``'s exit code, waited for at most ``timeout`` s; its process group killed either way."""
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def _ours(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("marti-ibrl train:")]
 
 
 def _full_disk(model: str, run_dir: Path, log: Path) -> None:
-    proc = _train(model, run_dir, log, FILLS_AT)
-    try:
-        assert proc.wait(timeout=900) == 4, log.read_text()[-3000:]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    assert _ended(_train(model, run_dir, log, FILLS_AT), 900) == 4, log.read_text()[-3000:]
     text = log.read_text()
     ours = _ours(text)
     assert len(ours) == 1 and ours[0].startswith(f"marti-ibrl train: error: the disk holding {run_dir} is full ("), (
@@ -110,12 +114,8 @@ def test_a_full_disk_then_sigterm_each_stop_in_one_line_and_the_run_resumes_each
             subprocess.run(["mount", "-o", "remount,size=400m", str(disk)], check=True)
         _sigterm_after_a_new_commit(model, run_dir, tmp_path / "sigterm.log", *(RESUME if mounted else ()))
         stop = committed(run_dir) + 1
-        log, proc = tmp_path / "resume.log", _train(model, run_dir, tmp_path / "resume.log", stop, *RESUME)
-        try:
-            assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        log = tmp_path / "resume.log"
+        assert _ended(_train(model, run_dir, log, stop, *RESUME), 600) == 0, log.read_text()[-3000:]
         assert committed(run_dir) == stop
     finally:
         if mounted:
