@@ -2,7 +2,7 @@
 
 The demo's own command (``bash recipes/dond/tiny-cpu.sh``: the committed warm start, recipes/dond/tiny-cpu.yaml)
 with ``--train.seed S``, one seed after another on this machine. The seeds come from the seed rule (docs/measured.md,
-"The seed rule"; ``units.DEMO_SEEDS``, committed before their runs): the ten acceptance seeds 1000-1009. Seeds below
+"The seed rule"; ``units.DEMO_SEEDS``, committed before their runs): the ten acceptance seeds 1010-1019 (the rule's second block). Seeds below
 1000 may be run too (``--seeds 42 7``): they are tuning seeds, reported in a table of their own, never counted.
 
 Question and floor, fixed by issue 62 before any run: per seed, the agreement of the last 3 iterations exceeds that
@@ -40,6 +40,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 UNITS = RESULTS / "demo_seeds"
 SEEDS = DEMO_SEEDS  # the acceptance seeds of the seed rule
 RECIPE = ROOT / "recipes" / "dond" / "tiny-cpu.yaml"
+SCRIPT = ROOT / "recipes" / "dond" / "tiny-cpu.sh"
+WARM_START = ROOT / "recipes" / "dond" / "tiny-sft" / "model.safetensors"
 K = 3  # first K -> last K iterations
 K10 = 10  # first 10 -> last 10
 FLOOR = {"gain": 0.30, "gain10": 0.25, "malformed_last3": 0.05, "malformed_any": 0.15, "ibrl_minutes": 7.0}
@@ -55,8 +57,12 @@ def _log(msg: str) -> None:
 
 
 def recipe_digest() -> str:
-    """The first 12 hex digits of the recipe's sha256: what a unit ran, so a changed recipe never reuses it."""
-    return hashlib.sha256(RECIPE.read_bytes()).hexdigest()[:12]
+    """The first 12 hex digits of the sha256 of what a unit ran (the recipe, its script, the warm start's weights),
+    so a changed recipe or warm start never reuses it."""
+    h = hashlib.sha256()
+    for f in (RECIPE, SCRIPT, WARM_START):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def run_seed(seed: int, out: Path) -> dict:

@@ -2,7 +2,7 @@
 
 One game, one warm start, one set of hyperparameters: the demo's (``recipes/dond/tiny-cpu.yaml``) run for
 :data:`ITERATIONS` iterations instead of its 40, from
-the vLLM-capable tiny warm start ``recipes/dond/tiny-sft-vllm/`` (head_dim 32, vLLM-CPU's minimum; its
+the demo's tiny warm start ``recipes/dond/tiny-sft/`` (head_dim 32, vLLM-CPU's minimum; its
 ``demo_sft.json`` says how it was made), trained with ``marti-ibrl train`` through each path (:data:`PATHS`), for
 the seed rule's acceptance seeds 2000-2002 (``units.PATH_SEEDS``, docs/measured.md, committed before their runs;
 ``--seeds`` for others: seeds below 1000 are tuning seeds, reported apart and not counted):
@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 UNITS = RESULTS / "learning_paths"
 RECIPE = ROOT / "recipes" / "dond" / "tiny-cpu.yaml"
-WARM_START = ROOT / "recipes" / "dond" / "tiny-sft-vllm"
+WARM_START = ROOT / "recipes" / "dond" / "tiny-sft"
 SEEDS = PATH_SEEDS
 K = 3
 FLOOR = {"gain": 0.20, "gain10": 0.20, "malformed_last3": 0.05, "malformed_any": 0.15}
@@ -236,9 +236,14 @@ def same_runs(units: list[dict]) -> list[str]:
     ]
 
 
+RENAMED = {"tiny-sft-vllm": "tiny-sft"}
+"""Warm starts committed under another name when their units ran (the same files: ``git log --follow``)."""
+
+
 def _warm_name(unit: dict) -> str:
-    """The name of the directory a unit's roles started from (``tiny-sft-vllm`` for the benchmark's own)."""
-    return Path(_flag(unit, "--role1.pretrain") or "").name
+    """The name of the directory a unit's roles started from (``tiny-sft`` for the benchmark's own), by today's name."""
+    name = Path(_flag(unit, "--role1.pretrain") or "").name
+    return RENAMED.get(name, name)
 
 
 def superseded(units: list[dict]) -> list[str]:

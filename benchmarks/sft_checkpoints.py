@@ -1,10 +1,10 @@
-"""When does the vLLM-capable tiny warm start learn the format, and when does it learn to close every deal?
+"""When does the demo's tiny warm start learn the format, and when does it learn to close every deal?
 
-One SFT of the 4-head tiny model (``sft.tiny_architecture("vllm")``, ``DEMO_SFT_VLLM``) on the demo's scripted
+One SFT of the 4-head tiny model (``sft.DEMO_TINY_MODEL``, ``DEMO_SFT``) on the demo's scripted
 dialogues, with an HF checkpoint every 75 optimizer steps; per checkpoint the protocol-valid opening turns and, in
 self-play (``sft.validity_report``), the share of answers that are the offer's complement (a deal). Results in
 ``benchmarks/results/sft_checkpoints.json``; docs/measured.md ("Every path learns? The warm start first") reads them.
-Run in a clone of its own, from a directory where ``marti-ibrl demo --rollout.engine vllm --model tiny --make-sft``
+Run in a clone of its own, from a directory where ``marti-ibrl demo --model tiny --make-sft``
 left ``runs/demo/tiny`` and ``runs/demo/sft_data.jsonl``, or with ``--accept-share S``, which makes both here as the
 demo makes them (the recipe's environment, seed 0) with acceptances taught in that share of the dialogues:
 
@@ -16,13 +16,13 @@ import json
 from pathlib import Path
 
 from marti_ibrl.envs.dond import DondEnv, generate_scenarios
-from marti_ibrl.sft import DEMO_SFT_VLLM, protocol_validity, run_sft, validity_report
+from marti_ibrl.sft import DEMO_SFT, protocol_validity, run_sft, validity_report
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "dond" / "tiny-cpu.yaml"
 
 
 def make_data(accept_share: float) -> None:
-    """``runs/demo/tiny`` and ``runs/demo/sft_data.jsonl`` as ``marti-ibrl demo --rollout.engine vllm --make-sft``
+    """``runs/demo/tiny`` and ``runs/demo/sft_data.jsonl`` as ``marti-ibrl demo --make-sft``
     makes them (:func:`marti_ibrl.demo.prepare`, seed 0), the share of acceptances taught ``accept_share``."""
     from omegaconf import OmegaConf
 
@@ -33,9 +33,9 @@ def make_data(accept_share: float) -> None:
     from marti_ibrl.sft import sft_records, write_sft_data
 
     env_cfg = EnvConfig(**OmegaConf.to_container(OmegaConf.load(RECIPE).env))
-    base_model("tiny", Path("runs/demo"), env_cfg, seed=0, engine="vllm")
+    base_model("tiny", Path("runs/demo"), env_cfg, seed=0)
     env, _ = make_env(env_cfg, 0)
-    scenarios = generate_scenarios(DEMO_SFT_VLLM["n_scenarios"], 1)
+    scenarios = generate_scenarios(DEMO_SFT["n_scenarios"], 1)
     records = sft_records(env, scenarios, sorted(TRAINING_BOTS), 0, accept_share=accept_share)
     print(f"{len(records)} records, accept_share {accept_share}:", write_sft_data("runs/demo/sft_data.jsonl", records))
 
@@ -50,7 +50,7 @@ def main() -> None:
     out = Path(args.out)
     if args.accept_share is not None:
         make_data(args.accept_share)
-    cfg = {k: v for k, v in DEMO_SFT_VLLM.items() if k not in ("n_scenarios", "accept_share")}  # the data's own
+    cfg = {k: v for k, v in DEMO_SFT.items() if k not in ("n_scenarios", "accept_share")}  # the data's own
     run_sft("runs/demo/tiny", "runs/demo/sft_data.jsonl", str(out), seed=0,
             extra_args=["--ckpt.save_steps", str(args.every), "--ckpt.save_hf"], **cfg)  # fmt: skip
     env = DondEnv(max_rounds=5, prompt_style="compact", bot_speech="markers", show_complement=True)
@@ -63,7 +63,7 @@ def main() -> None:
                      "answers": int(r["n_answers"])})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
     results = Path(__file__).parent / "results" / args.results
-    what = f"DEMO_SFT_VLLM {json.dumps(DEMO_SFT_VLLM)}, a checkpoint every {args.every} steps"
+    what = f"DEMO_SFT {json.dumps(DEMO_SFT)}, a checkpoint every {args.every} steps"
     what += "" if args.accept_share is None else f", data made here with accept_share {args.accept_share}"
     results.write_text(json.dumps({"what": what, "checkpoints": rows}, indent=1) + "\n")
 

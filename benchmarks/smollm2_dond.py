@@ -122,7 +122,7 @@ def stage_sft(out: Path, profile: Profile, ledger: Ledger) -> tuple[str, str]:
     base = str(models.cached(MODEL))
     if "sft" not in ledger.times:
         t0 = time.perf_counter()
-        prepare(out, env_config(), model=MODEL, engine="vllm", sft_scenarios=profile.sft_scenarios)
+        prepare(out, env_config(), model=MODEL, sft_scenarios=profile.sft_scenarios)
         ledger.add("sft", time.perf_counter() - t0)
     return base, str(out / "sft")
 

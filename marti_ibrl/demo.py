@@ -37,18 +37,16 @@ def _fail(message: str) -> int:
 TINY = "tiny"
 
 
-def base_model(name: str, out: Path, env_cfg: EnvConfig, seed: int = 0, engine: str = "auto") -> str:
-    """Step 1: the model to warm-start. ``tiny``: built in ``out/tiny`` (with ``engine`` ``vllm`` it has vLLM-CPU's
-    smallest head size, :func:`~marti_ibrl.sft.tiny_architecture`); otherwise a :mod:`marti_ibrl.models` name, cached
-    per machine."""
+def base_model(name: str, out: Path, env_cfg: EnvConfig, seed: int = 0) -> str:
+    """Step 1: the model to warm-start. ``tiny``: built in ``out/tiny`` (:data:`~marti_ibrl.sft.DEMO_TINY_MODEL`, one
+    architecture for every rollout engine); otherwise a :mod:`marti_ibrl.models` name, cached per machine."""
     t0 = time.perf_counter()
     if name == TINY:
-        from marti_ibrl.sft import tiny_architecture
+        from marti_ibrl.sft import DEMO_TINY_MODEL
         from marti_ibrl.tiny import build_tiny_dond_model
 
-        model = tiny_architecture(engine)
         path = build_tiny_dond_model(
-            out / "tiny", prompt_style=env_cfg.prompt_style, n_scenarios=64, seed=seed, **model
+            out / "tiny", prompt_style=env_cfg.prompt_style, n_scenarios=64, seed=seed, **DEMO_TINY_MODEL
         )
         _step(f"tiny model + tokenizer built in {time.perf_counter() - t0:.1f}s: {path}")
         return path
@@ -64,17 +62,17 @@ SFT_RECORD = "demo_sft.json"
 """Beside an SFT warm start: what it was made from (``settings``), how (``command``) and what it reached."""
 
 
-def sft_settings(env_cfg: EnvConfig, model: str, sft_scenarios: int | None = None, engine: str = "auto") -> dict:
-    """Everything a warm start depends on: the base model (the tiny one's architecture as built for ``engine``), the
-    environment's rendering of the SFT dialogues, the SFT hyperparameters (``demo_sft(engine)`` for the tiny model,
-    ``SMOLLM2_SFT`` for a pretrained one)."""
-    from marti_ibrl.sft import SMOLLM2_SFT, demo_sft, rendering, tiny_architecture
+def sft_settings(env_cfg: EnvConfig, model: str, sft_scenarios: int | None = None) -> dict:
+    """Everything a warm start depends on: the base model (the tiny one's architecture), the environment's rendering
+    of the SFT dialogues, the SFT hyperparameters (``DEMO_SFT`` for the tiny model, ``SMOLLM2_SFT`` for a pretrained
+    one)."""
+    from marti_ibrl.sft import DEMO_SFT, DEMO_TINY_MODEL, SMOLLM2_SFT, rendering
 
-    sft = demo_sft(engine) if model == TINY else dict(SMOLLM2_SFT)
+    sft = dict(DEMO_SFT if model == TINY else SMOLLM2_SFT)
     if sft_scenarios is not None:
         sft["n_scenarios"] = sft_scenarios
     env = {"name": env_cfg.name, **rendering(env_cfg)}
-    return {"model": model, "tiny_model": tiny_architecture(engine) if model == TINY else None, "env": env, "sft": sft}
+    return {"model": model, "tiny_model": dict(DEMO_TINY_MODEL) if model == TINY else None, "env": env, "sft": sft}
 
 
 def check_sft(sft_dir: str | Path, settings: dict, remake: str) -> str:
@@ -97,7 +95,6 @@ def prepare(
     out: Path,
     env_cfg: EnvConfig,
     seed: int = 0,
-    engine: str = "auto",
     model: str = TINY,
     sft_scenarios: int | None = None,
     sft_dir: Path | None = None,
@@ -114,8 +111,8 @@ def prepare(
     if (sft_dir / "model.safetensors").exists():
         _step(f"reusing the SFT warm start in {sft_dir}")
         return str(sft_dir)
-    settings = sft_settings(env_cfg, model, sft_scenarios, engine)
-    base = base_model(model, out, env_cfg, seed, engine)
+    settings = sft_settings(env_cfg, model, sft_scenarios)
+    base = base_model(model, out, env_cfg, seed)
     env, _ = make_env(env_cfg, seed)
     cfg = dict(settings["sft"])
     scenarios = generate_scenarios(cfg.pop("n_scenarios"), seed + 1)  # disjoint seed from RL's scenarios
@@ -231,22 +228,17 @@ def main(args: argparse.Namespace) -> int:
             lookup(args.model)
     except (ConfigError, ModelError) as e:
         return _fail(str(e))
-    env_cfg, engine = checked.env, checked.rollout.engine  # the recipe's, or a flag's (--rollout.engine vllm)
-    engine_flag = (
-        [] if engine == OmegaConf.select(recipe, "rollout.engine", default="auto") else [f"--rollout.engine {engine}"]
-    )
-    remake = " ".join(
-        ["marti-ibrl demo --config", str(args.config), *engine_flag, "--model", args.model, "--make-sft", str(sft_dir)]
-    )
+    env_cfg = checked.env  # the recipe's rendering of the SFT dialogues; the engine does not change the warm start
+    remake = " ".join(["marti-ibrl demo --config", str(args.config), "--model", args.model, "--make-sft", str(sft_dir)])
     try:
         if given:  # a committed warm start (recipes/dond/tiny-cpu.sh): checked against the recipe, never retrained
-            check_sft(sft_dir, sft_settings(env_cfg, args.model, engine=engine), remake)
+            check_sft(sft_dir, sft_settings(env_cfg, args.model), remake)
             made_by = json.loads((Path(sft_dir) / SFT_RECORD).read_text()).get("command", remake)
             _step(f"SFT warm start {sft_dir} (made by: {made_by})")
         else:
             if make and (sft_dir / "model.safetensors").exists():
                 return _fail(f"--make-sft: {sft_dir} already holds a checkpoint; remove it to make a new one")
-            prepare(out, env_cfg, engine=engine, model=args.model, sft_dir=sft_dir, command=remake)
+            prepare(out, env_cfg, model=args.model, sft_dir=sft_dir, command=remake)
     except (ModelError, ConfigError) as e:
         return _fail(str(e))
     if make:

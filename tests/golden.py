@@ -39,7 +39,7 @@ are ``f4dcbd57b210``, AMD EPYC with AVX2, whose references are kept.)
 reward (vllm_zero3: DoND's reward, 0 in every iteration), so no deal, no penalised attempt and, for vllm_zero3, no
 non-zero advantage ever enters them: they pin mechanics. ``learn_hf``, ``learn_separate``, ``learn_async1``,
 ``learn_lora`` and ``learn_vllm_zero3`` are short runs of those paths from the committed warm start
-``recipes/dond/tiny-sft-vllm/`` with DoND's own reward (``tests/learning_runs.py``, made by
+``recipes/dond/tiny-sft/`` with DoND's own reward (``tests/learning_runs.py``, made by
 ``tests/e2e/test_e2e_learning.py``). Their references also pin, per iteration, the deals, and per role the penalised
 re-sampled attempts it trained on, its informative advantage groups (``ROLE/informative_groups``), its refused turns
 (``ROLE/attempts_malformed``) and its mean |advantage|, with their totals in ``counts``; a learning reference in

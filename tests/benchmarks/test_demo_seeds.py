@@ -43,7 +43,7 @@ def ds(bench, tmp_path, monkeypatch):
 
 def test_the_default_seeds_are_the_seed_rules_acceptance_seeds(bench) -> None:
     units = __import__("units")  # benchmarks/units.py, on the path while the benchmark loads
-    assert bench.SEEDS == units.DEMO_SEEDS == tuple(range(1000, 1010))
+    assert bench.SEEDS == units.DEMO_SEEDS == tuple(range(1010, 1020))  # the second block: the recipe changed
     assert all(s < units.TUNING_BELOW for s in units.TUNED_ON["demo"])
     assert min(bench.SEEDS) >= units.TUNING_BELOW and min(units.PATH_SEEDS) >= units.TUNING_BELOW
 
@@ -86,3 +86,16 @@ def test_a_kept_unit_of_another_recipe_is_refused_not_reused(ds, tmp_path) -> No
     text = (ds.RESULTS / "demo_seeds.md").read_text()
     assert "**1 of 1 acceptance seeds" in text and "Runs of earlier recipes" in text
     assert json.loads(unit.read_text())["recipe"] in text
+
+
+def test_a_kept_unit_of_another_warm_start_is_refused_too(ds, tmp_path, monkeypatch) -> None:
+    """The recipe's digest covers the warm start's weights: the same YAML from another warm start is another recipe."""
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"one")
+    monkeypatch.setattr(ds, "WARM_START", weights)
+    out = str(tmp_path / "runs")
+    ds.main(["--out", out, "--seeds", "1010"])
+    weights.write_bytes(b"two")
+    with pytest.raises(SystemExit, match="ran another recipe"):
+        ds.main(["--out", out, "--seeds", "1010"])
+    assert ds.ran == [1010]

@@ -14,7 +14,7 @@ bench = benchmark_fixture("learning_paths")
 @pytest.fixture()
 def lp(bench, tmp_path, monkeypatch):
     """The benchmark with its results under ``tmp_path`` and a ``run_unit`` that records what it was asked to run."""
-    warm = tmp_path / "recipes" / "tiny-sft-vllm"
+    warm = tmp_path / "recipes" / "tiny-sft"
     cand = tmp_path / "cand" / "global_step1500_hf"
     for d in (warm, cand):
         d.mkdir(parents=True)
@@ -57,12 +57,12 @@ def test_a_pilot_runs_from_its_warm_start_keeps_its_units_apart_and_leaves_the_r
 def test_a_kept_unit_of_another_warm_start_is_refused_not_reused(lp, tmp_path) -> None:
     out = str(tmp_path / "runs")
     lp.main(["--out", out, "--paths", "hf", "--seeds", "42"])
-    assert "hf" in (lp.RESULTS / "learning_paths.md").read_text() and lp.ran == [("hf", 42, "tiny-sft-vllm")]
+    assert "hf" in (lp.RESULTS / "learning_paths.md").read_text() and lp.ran == [("hf", 42, "tiny-sft")]
     unit = lp.UNITS / "hf-s42.json"
     # the same unit, as if made from the candidate: the benchmark's warm start would no longer be the one it ran
     text = unit.read_text().replace(str(lp.WARM_START), str(lp.cand))
     unit.write_text(text)
-    with pytest.raises(SystemExit, match="another warm start than tiny-sft-vllm"):
+    with pytest.raises(SystemExit, match="another warm start than tiny-sft"):
         lp.main(["--out", out, "--paths", "hf", "--seeds", "42"])
     assert unit.read_text() == text and len(lp.ran) == 1  # nothing overwritten, nothing run
     lp.main(["--out", out, "--paths", "hf", "--seeds", "42", "--rerun"])
@@ -83,3 +83,13 @@ def test_identical_runs_are_named_so_a_hidden_curve_is_not_a_missing_one(bench) 
     assert bench.same_runs([hf, slower]) and bench.same_runs([hf, other]) == []
     moved = {**colo, "history": [h[0], h[1] | {"rollout/agreement": 0.25}]}
     assert bench.same_runs([hf, moved]) == []
+
+
+def test_a_unit_kept_from_the_warm_starts_earlier_name_is_its_own(lp, tmp_path) -> None:
+    """recipes/dond/tiny-sft-vllm became recipes/dond/tiny-sft (the same files): units run from it stay valid."""
+    out = str(tmp_path / "runs")
+    lp.main(["--out", out, "--paths", "hf", "--seeds", "42"])
+    unit = lp.UNITS / "hf-s42.json"
+    unit.write_text(unit.read_text().replace(str(lp.WARM_START), str(lp.WARM_START.with_name("tiny-sft-vllm"))))
+    lp.main(["--out", out, "--paths", "hf", "--seeds", "42"])
+    assert len(lp.ran) == 1  # kept, not refused and not run again

@@ -1,6 +1,6 @@
 """End to end: the learning references (tests/golden.py, ``learn_<path>``, issue 62 item 3).
 
-Five training paths, each a short seeded run from the committed warm start ``recipes/dond/tiny-sft-vllm/`` with
+Five training paths, each a short seeded run from the committed warm start ``recipes/dond/tiny-sft/`` with
 DoND's own reward (``tests/learning_runs.py``): ``hf``, ``separate`` (opponent pools, a history pairing at iteration
 3), ``async1``, ``lora`` and ``vllm_zero3``, one after the other in one Ray. Each is checked against its reference,
 exactly, and the reference must pin learning: deals, penalised re-sampled attempts and informative advantage groups

@@ -21,7 +21,7 @@ from marti_ibrl.rollout.runner import DialogueRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = (ROOT / "examples" / "price_negotiation.py").read_text()
-MODEL = str(ROOT / "recipes" / "dond" / "tiny-sft-vllm")  # any checkpoint: the env's checks come first
+MODEL = str(ROOT / "recipes" / "dond" / "tiny-sft")  # any checkpoint: the env's checks come first
 
 
 def _module(tmp_path: Path, monkeypatch, name: str, patch: str = "", body: str | None = None) -> str:

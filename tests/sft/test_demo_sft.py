@@ -29,20 +29,15 @@ def test_settings_name_the_model_the_env_rendering_and_the_sft_hyperparameters()
     assert sft_settings(_env(), "tiny", sft_scenarios=3)["sft"]["n_scenarios"] == 3
 
 
-def test_the_record_names_the_architecture_built_for_the_engine() -> None:
-    hf, vllm = sft_settings(_env(), "tiny")["tiny_model"], sft_settings(_env(), "tiny", engine="vllm")["tiny_model"]
-    assert (hf["num_heads"], hf["num_kv_heads"]) == (8, 4)  # the committed warm start's
-    assert vllm["hidden_size"] // vllm["num_heads"] == 32 and (vllm["num_heads"], vllm["num_kv_heads"]) == (4, 2)
-    assert {k: v for k, v in vllm.items() if "heads" not in k} == {k: v for k, v in hf.items() if "heads" not in k}
-
-
-def test_the_vllm_capable_warm_start_trains_longer_at_the_same_rate_with_few_acceptances() -> None:
-    hf, vllm = sft_settings(_env(), "tiny")["sft"], sft_settings(_env(), "tiny", engine="vllm")["sft"]
-    assert vllm["n_scenarios"] == 2 * hf["n_scenarios"] == 12000
-    assert (vllm["accept_share"], hf.get("accept_share", 1.0)) == (0.1, 1.0)
-    assert (vllm["epochs"], hf["epochs"]) == (2, 1)
-    same = {"n_scenarios", "accept_share", "epochs"}
-    assert {k: v for k, v in vllm.items() if k not in same} == {k: v for k, v in hf.items() if k not in same}
+def test_one_tiny_model_for_every_engine_taught_few_acceptances() -> None:
+    """The demo's tiny model has vLLM-CPU's smallest head size (32), so the HF and vLLM engines serve the same warm
+    start; its SFT teaches the acceptance in 1 of 10 dialogues (docs/measured.md: copying the shown complement, rarely
+    accepting), two epochs of 12000 dialogues."""
+    s = sft_settings(_env(), "tiny")
+    tiny, sft = s["tiny_model"], s["sft"]
+    assert tiny["hidden_size"] // tiny["num_heads"] == 32 and (tiny["num_heads"], tiny["num_kv_heads"]) == (4, 2)
+    assert (sft["n_scenarios"], sft["epochs"], sft["accept_share"]) == (12000, 2, 0.1)
+    assert sft_settings(_env(), "smollm2-135m-instruct")["tiny_model"] is None
 
 
 def test_accept_share_drops_acceptances_only_from_the_accepting_roles_records() -> None:
@@ -110,12 +105,12 @@ def test_learning_summary_compares_the_first_and_last_iterations() -> None:
 
 
 def test_the_committed_warm_start_matches_the_demo_recipe() -> None:
-    """`make demo` starts from recipes/dond/tiny-sft: made by the project's own command, with today's settings."""
+    """`make demo` starts from recipes/dond/tiny-sft: made from the project's own command's data, with today's settings."""
     record = json.loads((COMMITTED / SFT_RECORD).read_text())
     assert check_sft(COMMITTED, sft_settings(_env(), "tiny"), "x") == str(COMMITTED)
-    assert record["command"] == (
-        "marti-ibrl demo --config recipes/dond/tiny-cpu.yaml --model tiny --make-sft recipes/dond/tiny-sft"
-    )
-    assert record["records"] == 2 * record["settings"]["sft"]["n_scenarios"] and record["loss"][1] < record["loss"][0]
+    assert record["command"].startswith("marti-ibrl demo --config recipes/dond/tiny-cpu.yaml ")
+    assert "--model tiny --make-sft" in record["command"]
+    n = record["settings"]["sft"]["n_scenarios"]  # two records a dialogue, less the untaught acceptances' records
+    assert n < record["records"] <= 2 * n and record["loss"][1] < record["loss"][0]
     assert (COMMITTED / "model.safetensors").stat().st_size < 4_000_000  # small enough to keep in git
     assert '--sft "$RECIPE_DIR/tiny-sft"' in (ROOT / "recipes" / "dond" / "tiny-cpu.sh").read_text()
