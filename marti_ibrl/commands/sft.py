@@ -25,8 +25,19 @@ from marti_ibrl.commands.argtypes import float_range, int_range
 
 PROG = "marti-ibrl sft"
 DEFAULTS = {"epochs": 1, "lr": 1e-4, "batch_size": 16, "micro_batch_size": 8, "max_len": 1024}
-"""Any environment's SFT hyperparameters by default: a pretrained LM learning a format (SmolLM2's rate); a tiny
-model from scratch wants more (the demo's: lr 7e-3)."""
+"""Any environment's SFT hyperparameters by default: a pretrained LM learning a format (SmolLM2's rate)."""
+TINY_DEFAULTS = {**DEFAULTS, "lr": 7e-3, "micro_batch_size": 16}
+"""The defaults for a tiny model from scratch (:func:`marti_ibrl.sft.presets.is_tiny`: ``model tiny``'s, the demo's):
+the demo's SFT rate, 70 times the pretrained one."""
+
+
+def defaults_for(pretrain: str) -> dict:
+    """:data:`TINY_DEFAULTS` for a tiny model, else :data:`DEFAULTS`."""
+    from marti_ibrl.sft.presets import is_tiny
+
+    return dict(TINY_DEFAULTS if is_tiny(pretrain) else DEFAULTS)
+
+
 TELESALES = {"epochs": 1, "lr": 1e-5, "batch_size": 16, "micro_batch_size": 1, "max_len": 4096}
 """The old form's defaults (``marti-ibrl telesales sft``'s)."""
 
@@ -56,27 +67,37 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return make(args, flags)
 
 
-def make(args: argparse.Namespace, flags: list[str]) -> int:
-    """The warm start of ``--env`` with its ``--env.*`` flags."""
-    from pathlib import Path
-
+def env_config(env: str, flags: list[str], pretrain: str | None = None):  # -> EnvConfig
+    """The environment ``--env NAME`` with its ``--env.KEY VALUE`` ``flags``, checked as ``train`` checks it (the
+    roles' checkpoints ``pretrain``, or assumed when None); ``ValueError`` with one line naming the flag."""
     from marti_ibrl.config import ConfigError, load_config
     from marti_ibrl.config.validate import env_roles
 
     other = [f for f in flags if f.startswith("--") and not f.startswith("--env.")]
     if other:
-        return _fail(f"{other[0]}: only --env.KEY VALUE flags set the environment here")
+        raise ValueError(f"{other[0]}: only --env.KEY VALUE flags set the environment here")
     if any(f.split("=")[0] == "--env.name" for f in flags):
-        return _fail("give the environment as --env NAME")
+        raise ValueError("give the environment as --env NAME")
+    try:
+        roles = env_roles(env)
+        given = pretrain or "MODEL"
+        models = [x for i in range(len(roles)) for x in (f"--role{i + 1}.pretrain", given)]
+        return load_config(["--env.name", env, *flags, *models], assumed=None if pretrain else []).env
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+
+
+def make(args: argparse.Namespace, flags: list[str]) -> int:
+    """The warm start of ``--env`` with its ``--env.*`` flags."""
+    from pathlib import Path
+
     if not os.path.isfile(os.path.join(args.pretrain, "config.json")):
         return _fail(f"--pretrain {args.pretrain}: not a Hugging Face model directory (no config.json)")
     try:
-        roles = env_roles(args.env)
-        pretrain = [x for i in range(len(roles)) for x in (f"--role{i + 1}.pretrain", args.pretrain)]
-        env_cfg = load_config(["--env.name", args.env, *flags, *pretrain]).env
-    except (ConfigError, ValueError) as e:
+        env_cfg = env_config(args.env, flags, args.pretrain)
+    except ValueError as e:
         return _fail(str(e))
-    for key, value in DEFAULTS.items():
+    for key, value in defaults_for(args.pretrain).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.batch_size % args.micro_batch_size:
@@ -131,11 +152,13 @@ def add_sft_parser(sub) -> None:
     p.add_argument("--dialogues", type=int_range(1, 10_000_000), default=2000,
                    help="scripted dialogues, one record per role each (default: 2000)")  # fmt: skip
     p.add_argument("--epochs", type=int_range(1), default=None, help=f"default: {DEFAULTS['epochs']}")
-    p.add_argument("--lr", type=float_range(0, lo_open=True), default=None, help=f"default: {DEFAULTS['lr']}")
+    p.add_argument("--lr", type=float_range(0, lo_open=True), default=None,
+                   help=f"default: {DEFAULTS['lr']}, for a tiny model (hidden size <= 256) {TINY_DEFAULTS['lr']}")  # fmt: skip
     p.add_argument("--batch-size", type=int_range(1), default=None,
                    help=f"records per optimizer step (default: {DEFAULTS['batch_size']})")  # fmt: skip
     p.add_argument("--micro-batch-size", type=int_range(1), default=None,
-                   help=f"records per forward pass (default: {DEFAULTS['micro_batch_size']})")  # fmt: skip
+                   help=f"records per forward pass (default: {DEFAULTS['micro_batch_size']}, for a tiny model "
+                   f"{TINY_DEFAULTS['micro_batch_size']})")  # fmt: skip
     p.add_argument("--max-len", type=int_range(2), default=None,
                    help=f"tokens per record (default: {DEFAULTS['max_len']})")  # fmt: skip
     p.add_argument("--seed", type=int, default=42, help="default: 42")

@@ -21,6 +21,7 @@ from marti_ibrl.config.schema import (
     VLLM_CPU_MIN_HEAD_DIM,
     Config,
     ConfigError,
+    EnvConfig,
     RoleConfig,
     config_floats,
 )
@@ -98,6 +99,10 @@ def validate(cfg: Config, exists: Existence | None = None) -> None:
     _validate_pool(cfg, trained)
 
 
+RENDERING_DEFAULTS = {k: getattr(EnvConfig(), k) for k in ("prompt_style", "bot_speech", "show_complement")}
+"""``--env.*`` settings only some environments read (their spec's ``options``), at the values that change nothing."""
+
+
 def _need(ok: bool, flag: str, why: str) -> None:
     """:func:`validate`'s one check: ``ConfigError("--FLAG: WHY")`` unless ``ok``."""
     if not ok:
@@ -111,11 +116,13 @@ def _validate_env(cfg: Config, exists: Existence):
     _need(cfg.env.prompt_style in ("paper", "compact"), "env.prompt_style", "must be paper or compact")
     _need(cfg.env.bot_speech in ("natural", "markers"), "env.bot_speech", "must be natural or markers")
     env = env_spec(cfg.env.name)
-    _need(
-        not cfg.env.show_complement or "show_complement" in env.options,
-        "env.show_complement",
-        f"is for the {_titles(lambda spec: 'show_complement' in spec.options)}",
-    )
+    for key, default in RENDERING_DEFAULTS.items():  # DoND's renderings: set for another game, they would mean nothing
+        _need(
+            getattr(cfg.env, key) == default or key in env.options,
+            f"env.{key}",
+            f"is for the {_titles(lambda spec, key=key: key in spec.options)}; {cfg.env.name} does not read it "
+            f"(leave it at {str(default).lower()})",
+        )
     _need(
         cfg.env.payoff == "outcome" or "payoff" in env.options,
         "env.payoff",

@@ -90,7 +90,7 @@ DOND = EnvSpec(
     roles=("agent1", "agent2"),
     factory=make_dond,
     commands=add_commands,
-    options=frozenset({"show_complement"}),
+    options=frozenset({"show_complement", "prompt_style", "bot_speech"}),
     training_bots=training_bots,
     scripted_players=scripted_players,
     evaluate=evaluate,
@@ -102,6 +102,7 @@ DOND3 = EnvSpec(
     title="three-party dond3",
     roles=("agent1", "agent2", "agent3"),
     factory=make_dond3,
+    options=frozenset({"prompt_style", "bot_speech"}),
     interchangeable_roles=True,
 )
 SPECS = (DOND, DOND3)

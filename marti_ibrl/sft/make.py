@@ -144,3 +144,71 @@ def warm_start(
         f"{after['valid']:.0%} after; {after['ended']:.0%} of the dialogues reached their end"
     )
     return record
+
+
+BASE_RECORD = "base_model.json"
+"""Beside a base model made by :func:`base_model`: what it was made from and how."""
+
+
+def game_texts(env_cfg: Any, dialogues: int, seed: int) -> tuple[list[str], str]:
+    """Text of the game ``env_cfg`` names, for a tokenizer: every message of ``dialogues`` scripted dialogues as the
+    rollout renders them for each role (system prompts and turns), or, when the game has no scripted players, each
+    role's opening messages over as many scenarios. Returns the texts and where they came from."""
+    from marti_ibrl.envs import make_env
+    from marti_ibrl.envs.base import role_messages
+
+    env, train = make_env(env_cfg, seed + 1)
+    scenarios = [s for _, s in train]
+    if not scenarios:
+        raise ValueError(f"{env_cfg.name}: no training scenarios to take its text from")
+    played = list(itertools.islice(itertools.cycle(scenarios), dialogues))
+    try:
+        players = players_of(env, None, env_cfg.name)
+    except ValueError:  # no scripted players: the openings alone
+        messages = [m for s in played for role in env.roles for m in role_messages(env, s, [], role)]
+        source = f"the openings of {len(played)} scenarios (the game has no scripted players)"
+    else:
+        try:
+            records = scripted_records(env, played, players, seed)
+        except RuntimeError as e:  # a scripted player broke the env's rules
+            raise ValueError(f"{env_cfg.name}: {e}") from None
+        messages = [m for r in records for m in r["messages"]]
+        source = f"{len(played)} dialogues of its scripted players ({', '.join(players)})"
+    return [str(m["content"]) for m in messages], source
+
+
+def base_model(
+    env_cfg: Any, out: str | Path, *, dialogues: int = 500, seed: int = 0, vocab_size: int = 1024, command: str = ""
+) -> dict[str, Any]:
+    """A tiny base model for any game in ``out``: the demo's architecture (:data:`~marti_ibrl.sft.DEMO_TINY_MODEL`,
+    random weights) with a byte-level BPE tokenizer trained on the game's own text (:func:`game_texts`), so its turns
+    are a few tokens each; what ``marti-ibrl sft --env`` then teaches the format. Writes and returns the record
+    (:data:`BASE_RECORD`). ``out`` must not hold a model (nothing is overwritten): ``ValueError``."""
+    from dataclasses import asdict
+
+    from marti_ibrl.sft.presets import DEMO_TINY_MODEL
+    from marti_ibrl.tiny import build_tiny_model
+
+    out = Path(out)
+    if (out / "config.json").exists():
+        raise ValueError(f"--out {out} already holds a model; remove it or give another --out")
+    texts, source = game_texts(env_cfg, dialogues, seed)
+    build_tiny_model(out, texts, vocab_size=vocab_size, seed=seed, **DEMO_TINY_MODEL)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    record = {
+        "settings": {
+            "env": asdict(env_cfg),
+            "dialogues": dialogues,
+            "seed": seed,
+            "vocab_size": vocab_size,
+            "architecture": dict(DEMO_TINY_MODEL),
+        },  # fmt: skip
+        "command": command,
+        "text_from": source,
+        "vocabulary": len(tokenizer),
+        "mean_tokens_per_message": round(sum(len(tokenizer(t)["input_ids"]) for t in texts) / len(texts), 1),
+    }
+    (out / BASE_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    return record

@@ -5,6 +5,9 @@ two records each), with how it was measured beside it."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 # The demo's warm start (``make demo``: recipes/dond/tiny-cpu.yaml, whose committed result is recipes/dond/tiny-sft/,
@@ -43,6 +46,17 @@ SMALL_TINY_MODEL: dict[str, Any] = dict(hidden_size=64, num_layers=2, intermedia
 # SMALL_TINY_MODEL's heads when vLLM serves it (``rollout.engine: vllm``): vLLM's CPU attention needs head_dim >= 32
 # (64 / 2).
 VLLM_TINY_HEADS: dict[str, Any] = dict(num_heads=2, num_kv_heads=1)
+
+
+TINY_WIDTH = 256
+"""A model of this hidden size or less is tiny (``model tiny``'s and the demo's are 128): it gets the demo's SFT rate
+(``marti-ibrl sft``'s defaults) and one CPU thread (:func:`marti_ibrl.sft.train.run_sft`)."""
+
+
+def is_tiny(model_dir: str | os.PathLike[str]) -> bool:
+    """Whether the HF model in ``model_dir`` is :data:`TINY_WIDTH` wide or less (its ``config.json``)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return config.get("hidden_size", TINY_WIDTH + 1) <= TINY_WIDTH
 
 
 # Generation cap of the validity check. Scripted-bot turns are 30-60 tokens with the tiny tokenizer (mean ~45),

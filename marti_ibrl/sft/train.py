@@ -94,6 +94,16 @@ def _stream(
     return proc.wait()
 
 
+def sft_threads(pretrain: str) -> int:
+    """CPU threads of the SFT trainer when ``OMP_NUM_THREADS`` is not set: one for a tiny model
+    (:func:`~marti_ibrl.sft.presets.is_tiny`), whose small matrices gain nothing from a second thread and lose to its
+    waits (split_coins' warm start from ``model tiny``, 37 micro-batches on 2 cores beside another run: 29 s with one
+    thread, 143 s with two, 2026-12-07; issue 65 saw about 3x), else up to 8."""
+    from marti_ibrl.sft.presets import is_tiny
+
+    return 1 if is_tiny(pretrain) else min(os.cpu_count() or 1, 8)
+
+
 def run_sft(
     pretrain: str,
     data: str,
@@ -124,7 +134,7 @@ def run_sft(
         LOCAL_WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(listen_port("127.0.0.1")),
-        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", str(min(os.cpu_count() or 1, 8))),
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", str(sft_threads(pretrain))),
         TOKENIZERS_PARALLELISM="false",
         WANDB_MODE="disabled",
     )

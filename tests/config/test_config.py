@@ -612,3 +612,21 @@ def test_failure_thresholds_are_checked(base: list[str], flag: str, value: str, 
     with pytest.raises(ConfigError, match=rf"^--{re.escape(flag)}: {re.escape(why)}$"):
         load_config([*base, f"--{flag}", value])
     assert (load_config(base).train.max_reward_failures, load_config(base).train.max_skipped_updates) == (0.5, 3)
+
+
+def test_the_any_game_cpu_recipe_loads_for_other_games_where_the_demos_is_refused(tmp_path, monkeypatch) -> None:
+    """recipes/any/tiny-cpu.yaml: the demo's training settings for any game (issue 65); the DoND recipe's renderings
+    are refused for another game, naming the flag, rather than accepted silently."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    monkeypatch.syspath_prepend(str(examples))
+    root = examples.parent
+    models = ["--role1.pretrain", "x", "--role2.pretrain", "x"]
+    for game in ("split_coins:SplitCoins", "textarena:TicTacToe-v0"):
+        cfg = load_config(
+            ["--config", str(root / "recipes/any/tiny-cpu.yaml"), "--env.name", game, *models], assumed=[]
+        )
+        demo = load_config(["--config", str(root / "recipes/dond/tiny-cpu.yaml"), *models], assumed=[])
+        assert (cfg.env.name, cfg.train.max_epochs, cfg.roles[1].update_every) == (game, 2, 2)
+        assert [r.lr for r in cfg.roles] == [r.lr for r in demo.roles] and cfg.rollout.max_len == 2048
+        with pytest.raises(ConfigError, match=r"^--env\.(prompt_style|bot_speech|show_complement): is for the "):
+            load_config(["--config", str(root / "recipes/dond/tiny-cpu.yaml"), "--env.name", game, *models], assumed=[])

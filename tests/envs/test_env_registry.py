@@ -94,8 +94,20 @@ def test_env_checks_go_through_the_specs(tmp_path: Path) -> None:
         load_config([*base, "--env.name", "telesales", "--env.lang", "xx", "--role1.reward_fn", "rule",
                      "--role2.reward_fn", "rule"])  # fmt: skip
     load_config([*base, "--env.lang", "xx"])  # DoND reads no --env.lang
-    with pytest.raises(ConfigError, match=r"^--env\.show_complement: is for the two-party dond$"):
+    with pytest.raises(ConfigError, match=r"^--env\.show_complement: is for the two-party dond; telesales does not "):
         load_config([*base, "--env.name", "telesales", "--env.show_complement", "true"])
+    # DoND's renderings mean nothing to another game: refused (issue 65), not accepted silently
+    both = "two-party dond or three-party dond3"
+    with pytest.raises(
+        ConfigError, match=rf"^--env\.prompt_style: is for the {both}; telesales .*\(leave it at paper\)$"
+    ):
+        load_config([*base, "--env.name", "telesales", "--env.prompt_style", "compact"])
+    with pytest.raises(ConfigError, match=rf"^--env\.bot_speech: is for the {both}; textarena:TicTacToe-v0 does not"):
+        load_config(["--env.name", "textarena:TicTacToe-v0", "--env.bot_speech", "markers", *base])
+    load_config([*base, "--env.name", "dond3", "--env.prompt_style", "compact", "--env.bot_speech", "markers",
+                 "--role3.pretrain", ckpt, "--pool.probs", "[0.7,0.1,0.1,0.1]"])  # fmt: skip
+    load_config([*base, "--env.name", "telesales", "--env.prompt_style", "paper", "--role1.reward_fn", "rule",
+                 "--role2.reward_fn", "rule"])  # fmt: skip  # the default changes nothing: accepted
     with pytest.raises(ConfigError, match=r"^--role2\.frozen: scripted bots play two-party dond, not dond3$"):
         load_config(["--env.name", "dond3", "--role1.pretrain", ckpt, "--role2.frozen", "bot:fair"])
     with pytest.raises(ConfigError, match=r"^--role2\.frozen: unknown scripted bot 'nope'; known bots: \["):

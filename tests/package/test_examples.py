@@ -210,35 +210,34 @@ def test_the_python_api_example_trains_and_reports(tmp_path):
 
 @pytest.mark.slow
 def test_split_coins_trains_then_is_evaluated_and_diagnosed(tmp_path, monkeypatch, capsys):
-    """What docs/environments.md promises a new game: ``sft`` (a warm start from its scripted players' dialogues),
-    ``train`` (2 iterations, a checkpoint after each), ``eval
-    --run`` (each policy in its role, against the other), ``diagnose`` (each checkpoint against the other role's
-    start and its same-step partner) and ``show`` (what they said), all with the project's commands."""
+    """The new-game path of docs/environments.md, end to end with the project's commands: ``model tiny`` (a base model
+    with the game's own tokenizer), ``sft`` by its default settings (a warm start from the scripted players' dialogues
+    that plays >= 90% valid turns), ``train`` from ``recipes/any/tiny-cpu.yaml`` (2 iterations, a checkpoint after
+    each), ``eval --run`` (each policy in its role, against the other), ``diagnose`` (each checkpoint against the other
+    role's start and its same-step partner), ``show`` and ``report``; ``report`` with the game off the path is one
+    line (issue 65)."""
     import json
 
     import ray
 
     from marti_ibrl.cli import main
-    from marti_ibrl.tiny import build_tiny_model
 
     monkeypatch.syspath_prepend(str(EXAMPLES))
-    from split_coins import PROMPT
-
-    corpus = [PROMPT.format(pot=p, role=r) for p in range(4, 13) for r in ("proposer", "responder")]
-    corpus += [f"OFFER {k}" for k in range(13)] + ["ACCEPT", "REJECT"]
-    base = build_tiny_model(tmp_path / "tiny", corpus, vocab_size=300)
     here = Path(__file__).resolve().parent  # this module (its reward function) and the tests' helpers, for workers too
     monkeypatch.setenv("PYTHONPATH", f"{EXAMPLES}:{here}:{here.parent}")  # as a user runs it
-    model = str(tmp_path / "sft")  # the warm start from the game's scripted players (docs/environments.md)
-    sft = ["sft", "--env", "split_coins:SplitCoins", "--pretrain", base, "--out", model, "--dialogues", "96"]
-    sft += ["--lr", "1e-2", "--batch-size", "4", "--micro-batch-size", "4", "--max-len", "256", "--epochs", "2"]
+    base = str(tmp_path / "tiny")  # a base model for the game (docs/environments.md: `model tiny`)
+    assert main(["model", "tiny", "--env", "split_coins:SplitCoins", "--out", base, "--dialogues", "96"]) == 0
+    model = str(tmp_path / "sft")  # the warm start from the game's scripted players, by default settings
+    sft = ["sft", "--env", "split_coins:SplitCoins", "--pretrain", base, "--out", model, "--dialogues", "1000"]
     assert main(sft) == 0
     made = json.loads((tmp_path / "sft" / "sft_record.json").read_text())
-    assert made["records"] == 2 * 96 and made["settings"]["players"] == ["fair", "stingy"]
-    assert made["loss"][1] < made["loss"][0] and made["valid_turns"]["sft"] > made["valid_turns"]["base"], made
+    assert made["records"] == 2 * 1000 and made["settings"]["players"] == ["fair", "stingy"]
+    assert made["settings"]["sft"]["lr"] == 7e-3  # a tiny model's default
+    assert made["loss"][1] < made["loss"][0] and made["valid_turns"]["sft"] >= 0.9 > made["valid_turns"]["base"], made
     run = tmp_path / "run"
     train = [
-        *("train", "--env.name", "split_coins:SplitCoins", "--role1.pretrain", model, "--role2.pretrain", model),
+        *("train", "--config", str(EXAMPLES.parent / "recipes" / "any" / "tiny-cpu.yaml")),  # the any-game recipe
+        *("--env.name", "split_coins:SplitCoins", "--role1.pretrain", model, "--role2.pretrain", model),
         *("--role1.reward_fn", "test_examples:text_hash", "--role2.reward_fn", "test_examples:text_hash"),
         *("--role1.kl_coef", "0", "--role2.kl_coef", "0", "--pool.probs", "[1.0,0,0]"),
         *("--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "6"),
@@ -274,6 +273,12 @@ def test_split_coins_trains_then_is_evaluated_and_diagnosed(tmp_path, monkeypatc
     assert report.index("## Training") < report.index("## What they said") < report.index("## Evaluation")
     assert "| p | proposer |" in report.split("## Evaluation")[1]
     sys.modules.pop("split_coins", None)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(EXAMPLES)])  # the game off the path
+    capsys.readouterr()
+    assert main(["report", str(run)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the run's environment split_coins:SplitCoins does not load here" in err[0], err
+    assert "PYTHONPATH" in err[0] and (run / "report.md").read_text() == report  # nothing overwritten
 
 
 def test_environments_page_shows_the_minimal_game_as_it_is_and_short():
