@@ -54,4 +54,8 @@ def cmd_diagnose(args) -> int:
     for p in result["points"]:
         print(f"step {p['checkpoint']}: agreement vs fixed {p['fixed']:.2f}, in-system {p['in_system']}")
     print(f"wrote {run_dir / 'diagnostics' / (args.role + '.json')} and figures in {run_dir / 'figures'}")
+    from marti_ibrl.eval.report import refresh_report
+
+    if line := refresh_report(run_dir, f"diagnostics of {args.role}"):
+        print(line)
     return 0

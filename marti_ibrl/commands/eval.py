@@ -50,7 +50,13 @@ def cmd_eval(args) -> int:
     except OSError as e:  # a file on the way, no permission, ...
         return _error(f"--out {args.out}: cannot make the directory ({e.strerror or e})")
     try:
-        return evaluate(args)
+        code = evaluate(args)
+        if code == 0 and args.run and Path(args.out).resolve() == (Path(args.run) / "eval").resolve():
+            from marti_ibrl.eval.report import refresh_report
+
+            if line := refresh_report(args.run, "evaluation"):  # the run's report reads RUN/eval
+                print(line)
+        return code
     except OSError as e:  # the disk filled up (or went read-only) under the episodes: every finished one is kept
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
             raise

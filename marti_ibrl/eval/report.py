@@ -216,6 +216,19 @@ def write_report(run_dir: str | Path, eval_dir: str | Path | None = None, refere
     return out
 
 
+def refresh_report(run_dir: str | Path, command: str) -> str | None:
+    """After ``eval --run RUN --out RUN/eval`` or ``diagnose RUN``: RUN's ``report.md`` (written when its training
+    ended) rewritten with what ``command`` just added, so it never lags behind the run's results; the line that says
+    so, or None when RUN has no report.md. A report that cannot be written is said, never fatal."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "report.md").is_file():
+        return None
+    try:
+        return f"report: {write_report(run_dir)} updated with the {command}"
+    except Exception as e:  # a report is a view of results that are complete either way
+        return f"report not updated ({type(e).__name__}: {' '.join(str(e).split())}); marti-ibrl report {run_dir}"
+
+
 def said_markdown(run_dir: Path, shown: int = 1) -> str | None:
     """``report.md``'s "What they said": ``shown`` kept dialogues of the first and of the last iteration
     (``RUN/transcripts.jsonl``, ``--logger.transcripts``), and the command that shows the rest; None without any."""

@@ -363,3 +363,24 @@ def test_a_run_whose_game_does_not_load_here_says_so_in_one_line(eval_dir, tmp_p
         f"marti-ibrl report: error: {run}: the run's environment sealed_trade_not_here:SealedTrade does not load here ("
     ), err
     assert "sealed_trade_not_here" in err[0].split("(", 1)[1] and "PYTHONPATH" in err[0]
+
+
+def test_eval_and_diagnose_refresh_only_a_runs_own_report(tmp_path, monkeypatch) -> None:
+    """``refresh_report`` (after ``eval --run RUN --out RUN/eval`` and ``diagnose RUN``, issue 65): RUN's report.md
+    rewritten when the run wrote one, never made where there was none; a failure is a line, never fatal."""
+    from marti_ibrl.eval import report
+
+    assert report.refresh_report(tmp_path, "evaluation") is None and not (tmp_path / "report.md").exists()
+    (tmp_path / "report.md").write_text("old")
+    written = []
+    monkeypatch.setattr(report, "write_report", lambda run: written.append(run) or tmp_path / "report.md")
+    line = report.refresh_report(tmp_path, "evaluation")
+    assert line == f"report: {tmp_path / 'report.md'} updated with the evaluation" and written == [tmp_path]
+
+    def broken(run):
+        raise ValueError("the run's environment x does not load\nhere")
+
+    monkeypatch.setattr(report, "write_report", broken)
+    assert report.refresh_report(str(tmp_path), "diagnostics of a") == (
+        f"report not updated (ValueError: the run's environment x does not load here); marti-ibrl report {tmp_path}"
+    )

@@ -248,8 +248,11 @@ def test_split_coins_trains_then_is_evaluated_and_diagnosed(tmp_path, monkeypatc
     ray.shutdown()
     out = run / "eval"
     evaluate = ["eval", "--run", str(run), "--policy", f"p={run}/proposer/hf", "--policy", f"r={run}/responder/hf"]
+    capsys.readouterr()
     assert main([*evaluate, "--cross-play", "-n", "4", "--engine", "hf", "--out", str(out)]) == 0
     ray.shutdown()
+    assert f"report: {run / 'report.md'} updated with the evaluation" in capsys.readouterr().out
+    assert "| p | proposer |" in (run / "report.md").read_text().split("## Evaluation")[1]  # no `report` needed
     pairs = {(p["policy"], p["counterpart"]): p["summary"] for p in json.loads((out / "summary.json").read_text())}
     assert set(pairs) == {("p", "policy:r"), ("r", "policy:p")}
     proposer = pairs["p", "policy:r"]["roles"]
@@ -262,6 +265,7 @@ def test_split_coins_trains_then_is_evaluated_and_diagnosed(tmp_path, monkeypatc
 
     assert main(["diagnose", str(run), "--role", "proposer", "-n", "3"]) == 0
     ray.shutdown()
+    assert "updated with the diagnostics of proposer" in capsys.readouterr().out
     points = json.loads((run / "diagnostics" / "proposer.json").read_text())["points"]
     assert [p["checkpoint"] for p in points] == [1, 2] and all(p["n"] == 3 for p in points)
     assert all(0.0 <= p["fixed"] <= 1.0 and 0.0 <= p["in_system"] <= 1.0 for p in points)
