@@ -27,6 +27,11 @@ def _json_object(file: Path) -> str | None:
     return None if isinstance(data, dict) else f"{file} is not a JSON object (a {type(data).__name__})"
 
 
+def _count(x: object) -> bool:
+    """A byte offset: a non-negative int (a JSON ``true`` is not one)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
 def safetensors_problem(file: Path) -> str | None:
     """Why ``file`` is not a whole safetensors file (None: its header parses and the file holds every tensor)."""
     try:
@@ -45,7 +50,15 @@ def safetensors_problem(file: Path) -> str | None:
         return f"{file} is not a safetensors file (its header is not JSON)"
     if not isinstance(header, dict):
         return f"{file} is not a safetensors file (its header is not a JSON object)"
-    ends = [t.get("data_offsets", [0, 0])[1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
+    ends = []
+    for name, tensor in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = tensor.get("data_offsets") if isinstance(tensor, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_count(x) for x in offsets)):
+            shown = " ".join(json.dumps(offsets)[:40].split())
+            return f"{file} is not a safetensors file (tensor {name[:40]!r} has data_offsets {shown})"
+        ends.append(offsets[1])
     need = 8 + n + max(ends, default=0)
     if size < need:
         return f"{file} is truncated ({size} bytes of the {need} its header describes)"
@@ -60,8 +73,8 @@ def _weights(path: Path, names: tuple[str, ...]) -> list[Path] | str:
             if why := _json_object(file):
                 return why
             weight_map = json.loads(file.read_text()).get("weight_map")
-            if not isinstance(weight_map, dict):
-                return f"{file} has no weight_map"
+            if not isinstance(weight_map, dict) or not weight_map:
+                return f"{file} has no weight_map" if not isinstance(weight_map, dict) else f"{file} lists no weights"
             return [path / shard for shard in sorted(set(map(str, weight_map.values())))]
         if file.is_file():
             return [file]
