@@ -3,9 +3,8 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --gres=gpu:8
-#SBATCH --cpus-per-task=64
-#SBATCH --exclusive
-#SBATCH --time=3-00:00:00
+#SBATCH --cpus-per-task=32
+#SBATCH --time=1-00:00:00
 #SBATCH --output=%x-%j.out
 #SBATCH --requeue
 #SBATCH --open-mode=append
