@@ -146,3 +146,22 @@ def test_a_warm_start_under_min_valid_fails_in_one_line_and_is_kept(tmp_path, mo
     made["valid_turns"]["sft"] = 0.5
     assert _sft(tmp_path, "--env", "split_coins:SplitCoins") == 0  # the threshold itself passes
     sys.modules.pop("split_coins", None)
+
+
+def test_a_check_the_base_model_already_passes_is_said_to_say_little(tmp_path, monkeypatch, capsys) -> None:
+    """Issue 65: "100% valid before" for a game that accepts any text (TextArena's SimpleNegotiation) read as if the
+    warm start were checked; now the line says the check says little there, and only there."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setattr("marti_ibrl.sft.make.run_sft", lambda *a, **k: None)
+    monkeypatch.setattr("marti_ibrl.sft.make.sft_loss_curve", lambda out: [])
+    rates = iter([1.0, 1.0, 0.0, 1.0])  # base, after; then a strict game's base, after
+    monkeypatch.setattr("marti_ibrl.sft.make.valid_turns", lambda *a, **k: {"valid": next(rates), "ended": 1.0})
+    assert _sft(tmp_path, "--env", "split_coins:SplitCoins", "--dialogues", "4") == 0
+    said = capsys.readouterr().out
+    assert "100% before, 100% after" in said and "the base already played 100%: split_coins:SplitCoins accepts" in said
+    (tmp_path / "sft" / "sft_record.json").unlink()
+    (tmp_path / "sft" / "sft_data.jsonl").unlink()
+    assert _sft(tmp_path, "--env", "split_coins:SplitCoins", "--dialogues", "4") == 0
+    said = capsys.readouterr().out
+    assert "0% before, 100% after" in said and "says little" not in said
+    sys.modules.pop("split_coins", None)
