@@ -1,6 +1,6 @@
-"""Start-up messages a user cannot act on, filtered in one place (issue 41).
+"""Start-up messages a user cannot act on, filtered in one place.
 
-Every command used to open with three of them:
+Unfiltered, every command opens with three of them:
 
 * torch's ``import pynvml`` (``torch/cuda/__init__.py``): "The pynvml package is deprecated" — a FutureWarning about
   a package torch itself imports; nothing for a user to change.

@@ -1,4 +1,4 @@
-"""The colocated hybrid engine (``--train.colocate role|all``, issue 37): which GPU bundles a role's processes share,
+"""The colocated hybrid engine (``--train.colocate role|all``): which GPU bundles a role's processes share,
 and when its engines sleep and wake and its DeepSpeed states are offloaded and reloaded.
 
 An iteration runs the phases :func:`marti_ibrl.cluster.placement.phases` lists (``marti-ibrl plan`` prints them):

@@ -1,4 +1,4 @@
-"""The phase record of a run (``RUN/phases.jsonl``, issue 37): every change of what a role's components hold and do.
+"""The phase record of a run (``RUN/phases.jsonl``): every change of what a role's components hold and do.
 
 With colocated layouts (``--train.colocate role|all``) a GPU holds, in turn, a role's vLLM engines (awake while
 generating, asleep while DeepSpeed trains) and its DeepSpeed states (reloaded to train, offloaded while the engines

@@ -1,5 +1,5 @@
 """Numeric flag types with their ranges, for every command's parser: a value out of range is argparse's one
-``error:`` line (exit 2) naming the flag, never a traceback or a silent wrap-around later (issue 50)."""
+``error:`` line (exit 2) naming the flag, never a traceback or a silent wrap-around later."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def diagnosis_env_config(env, n: int):
 def checked_checkpoints(run_dir: Path, role: str) -> list:
     """``role``'s saved ``global_stepK_hf`` checkpoints (:func:`role_checkpoints`), at least two, each one a model whose
     weight files are whole (headers only: milliseconds; a truncated one is one line before Ray starts, not a
-    SafetensorError after it, issue 63)."""
+    SafetensorError after it)."""
     from marti_ibrl.checkpoints import checkpoint_problem
 
     checkpoints = role_checkpoints(run_dir, role)

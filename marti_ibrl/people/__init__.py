@@ -1,4 +1,4 @@
-"""People in the loop (issue 23): a person plays against a checkpoint in the browser, and annotators blind-label
+"""People in the loop: a person plays against a checkpoint in the browser, and annotators blind-label
 recorded TeleSales calls (paper §5.4).
 
 * :mod:`.store`: the SQLite file every page writes to (participants, games and their turns, calls to annotate,

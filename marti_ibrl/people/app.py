@@ -120,7 +120,7 @@ def check_text(what: str, value: Any, limit: int) -> str:
 def allowed_hosts(token: str | None, extra: Sequence[str] = ()) -> tuple[str, ...] | None:
     """The host names a request may name (its ``Host``, and its ``Origin`` when it sends one): without a token, the
     loopback names and ``extra`` (``--allowed-host``), so a page of another site cannot reach the token-less app
-    through a DNS name rebound to 127.0.0.1, nor post a form to it (issue 63); with a token, None (no check: the
+    through a DNS name rebound to 127.0.0.1, nor post a form to it; with a token, None (no check: the
     token, which no other site's page can send, is the guard)."""
     return None if token else (*LOOPBACK, *extra)
 

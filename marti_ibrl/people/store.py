@@ -42,7 +42,7 @@ ACTIVE, FINISHED, ABANDONED = "active", "finished", "abandoned"
 MAX_ID = 2**63 - 1
 """SQLite's largest integer: no game id beyond it."""
 GAME_IDS = 2**53 - 1
-"""A new game's id is drawn at random in 1..GAME_IDS (issue 63: unguessable, not the next integer; at most
+"""A new game's id is drawn at random in 1..GAME_IDS (unguessable, not the next integer; at most
 JavaScript's largest exact integer, as the pages hold it). Games of a database made before keep their ids."""
 Play = Callable[[dict[str, Any]], tuple[list[dict], "dict | None", dict]]
 """``play(game) -> (new turns, outcome or None while the game goes on, response)``: one step of a game
@@ -83,7 +83,7 @@ INSERT INTO actions (game_id, id, response, created)
     SELECT game_id, id, response, created FROM actions_by_id WHERE game_id IN (SELECT id FROM games);
 DROP TABLE actions_by_id;
 """
-"""Databases written before issue 36 keyed an action by its id alone, so another participant's id found their game."""
+"""Databases of the earlier schema keyed an action by its id alone, so another participant's id found their game."""
 
 
 class Rejected(ValueError):
@@ -315,7 +315,7 @@ class Store:
 
     def owned_game(self, game_id: int, participant: str) -> dict[str, Any]:
         """:meth:`game`, if it is ``participant``'s; else one answer whether it is another's or none at all (404), so
-        that ids cannot be probed for which games exist (issue 63)."""
+        that ids cannot be probed for which games exist."""
         try:
             game = self.game(game_id)
         except Rejected:
@@ -387,7 +387,7 @@ class Store:
         return {"duplicate": False}
 
     def claim_annotator(self, name: str, session: str | None = None) -> str:
-        """The session that writes as annotator ``name`` (issue 63: an identity is bound to the browser that chose
+        """The session that writes as annotator ``name`` (an identity is bound to the browser that chose
         it, not a name any request may send): a new one when the name is free; ``session`` again when it is the
         name's own (a reload, the page's next visit); :class:`Rejected` (409) when the name is another session's.
         ``annotate --release NAME`` frees a name for another browser."""

@@ -95,7 +95,7 @@ def context_full(view: RoleView, max_new_tokens: int, max_len: int) -> bool:
 PROMPT_CHARS_PER_TOKEN = 32
 """No tokenizer here averages more characters a token over a prompt (SmolLM2's, Qwen's and the tiny models' take 3-5
 for English text): a system prompt longer than this many characters per ``max_len`` token cannot fit and is refused
-without tokenizing it (:func:`first_turns_overflowing`; a 10 MB prompt took 124 s to tokenize, issue 63)."""
+without tokenizing it (:func:`first_turns_overflowing`; a 10 MB prompt takes 124 s to tokenize here)."""
 
 
 def overlong_system_prompts(

@@ -96,25 +96,11 @@ def warm_start(
     if (out / "config.json").exists() or (out / SFT_RECORD).exists():
         raise ValueError(f"--out {out} already holds a model; remove it or give another --out")
     say = progress or (lambda line: None)
-    env, train = make_env(env_cfg, seed + 1)
+    env, played = _played(env_cfg, dialogues, seed)
     chosen = players_of(env, players, env_cfg.name)
-    scenarios = [s for _, s in train]
-    if not scenarios:
-        raise ValueError(f"{env_cfg.name}: no training scenarios to play")
-    played = itertools.islice(itertools.cycle(scenarios), dialogues)
-    try:
-        records = scripted_records(env, played, chosen, seed)
-    except RuntimeError as e:  # a scripted player broke the env's rules
-        raise ValueError(f"{env_cfg.name}: {e}") from None
-    max_len = hparams.get("max_len")
-    if max_len is not None:
-        long, longest = too_long(pretrain, records, max_len)
-        if long:  # OpenRLHF's SFT would drop them, or cut their last turns, without a word
-            raise ValueError(
-                f"{long} of {len(records)} SFT records are longer than --max-len {max_len} tokens with {pretrain}'s "
-                f"chat template (the longest: {longest}); OpenRLHF would drop or cut them: give --max-len {longest} "
-                "or more, or shorter dialogues"
-            )
+    records = _scripted(env, env_cfg.name, played, chosen, seed)
+    if hparams.get("max_len") is not None:
+        _refuse_too_long(pretrain, records, hparams["max_len"])
     data = write_sft_data(out / DATA_FILE, records)
     say(f"{len(records)} SFT records from {dialogues} dialogues of {', '.join(chosen)} -> {data}")
     _, check = make_env(env_cfg, seed + 2)
@@ -142,17 +128,55 @@ def warm_start(
         "dialogues_ended": round(after["ended"], 3),
     }
     (out / SFT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
-    say(
-        f"valid self-played turns ({len(check)} scenarios, up to {CHECK_TURNS} turns): {base:.0%} before, "
-        f"{after['valid']:.0%} after; {after['ended']:.0%} of the dialogues reached their end"
-        + (
-            f"; the base already played {base:.0%}: {env_cfg.name} accepts most text, so this check says little of "
-            "what was learned (the loss does: sft_record.json)"
-            if base >= LAX
-            else ""
-        )
-    )
+    say(_check_line(env_cfg.name, len(check), base, after))
     return record
+
+
+def _played(env_cfg: Any, dialogues: int, seed: int) -> tuple[Any, list[Any]]:
+    """The env and the scenarios of ``dialogues`` scripted dialogues: its training scenarios for ``seed + 1``,
+    cycled when there are fewer."""
+    from marti_ibrl.envs import make_env
+
+    env, train = make_env(env_cfg, seed + 1)
+    scenarios = [s for _, s in train]
+    if not scenarios:
+        raise ValueError(f"{env_cfg.name}: no training scenarios to play")
+    return env, list(itertools.islice(itertools.cycle(scenarios), dialogues))
+
+
+def _scripted(env: Any, name: str, played: Sequence[Any], players: dict[str, Any], seed: int) -> list[Record]:
+    """:func:`scripted_records`, a scripted player that broke the env's rules a ``ValueError`` naming the env."""
+    try:
+        return scripted_records(env, played, players, seed)
+    except RuntimeError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def _refuse_too_long(pretrain: str, records: Sequence[Record], max_len: int) -> None:
+    """A ``ValueError`` when records are longer than ``max_len`` (:func:`too_long`): OpenRLHF's SFT would drop them,
+    or cut their last turns, without a word."""
+    long, longest = too_long(pretrain, records, max_len)
+    if long:
+        raise ValueError(
+            f"{long} of {len(records)} SFT records are longer than --max-len {max_len} tokens with {pretrain}'s "
+            f"chat template (the longest: {longest}); OpenRLHF would drop or cut them: give --max-len {longest} "
+            "or more, or shorter dialogues"
+        )
+
+
+def _check_line(name: str, scenarios: int, base: float, after: dict[str, float]) -> str:
+    """What the self-play check found, before and after; where the base already passes it (:data:`LAX`), that it
+    says little of what was learned."""
+    line = (
+        f"valid self-played turns ({scenarios} scenarios, up to {CHECK_TURNS} turns): {base:.0%} before, "
+        f"{after['valid']:.0%} after; {after['ended']:.0%} of the dialogues reached their end"
+    )
+    if base >= LAX:
+        line += (
+            f"; the base already played {base:.0%}: {name} accepts most text, so this check says little of what was "
+            "learned (the loss does: sft_record.json)"
+        )
+    return line
 
 
 BASE_RECORD = "base_model.json"
@@ -163,25 +187,16 @@ def game_texts(env_cfg: Any, dialogues: int, seed: int) -> tuple[list[str], str]
     """Text of the game ``env_cfg`` names, for a tokenizer: every message of ``dialogues`` scripted dialogues as the
     rollout renders them for each role (system prompts and turns), or, when the game has no scripted players, each
     role's opening messages over as many scenarios. Returns the texts and where they came from."""
-    from marti_ibrl.envs import make_env
     from marti_ibrl.envs.base import role_messages
 
-    env, train = make_env(env_cfg, seed + 1)
-    scenarios = [s for _, s in train]
-    if not scenarios:
-        raise ValueError(f"{env_cfg.name}: no training scenarios to take its text from")
-    played = list(itertools.islice(itertools.cycle(scenarios), dialogues))
+    env, played = _played(env_cfg, dialogues, seed)
     try:
         players = players_of(env, None, env_cfg.name)
     except ValueError:  # no scripted players: the openings alone
         messages = [m for s in played for role in env.roles for m in role_messages(env, s, [], role)]
         source = f"the openings of {len(played)} scenarios (the game has no scripted players)"
     else:
-        try:
-            records = scripted_records(env, played, players, seed)
-        except RuntimeError as e:  # a scripted player broke the env's rules
-            raise ValueError(f"{env_cfg.name}: {e}") from None
-        messages = [m for r in records for m in r["messages"]]
+        messages = [m for r in _scripted(env, env_cfg.name, played, players, seed) for m in r["messages"]]
         source = f"{len(played)} dialogues of its scripted players ({', '.join(players)})"
     return [str(m["content"]) for m in messages], source
 

@@ -98,7 +98,7 @@ def sft_threads(pretrain: str) -> int:
     """CPU threads of the SFT trainer when ``OMP_NUM_THREADS`` is not set: one for a tiny model
     (:func:`~marti_ibrl.sft.presets.is_tiny`), whose small matrices gain nothing from a second thread and lose to its
     waits (split_coins' warm start from ``model tiny``, 37 micro-batches on 2 cores beside another run: 29 s with one
-    thread, 143 s with two, 2026-12-07; issue 65 saw about 3x), else up to 8."""
+    thread, 143 s with two, 2026-12-07; another game's about 3x), else up to 8."""
     from marti_ibrl.sft.presets import is_tiny
 
     return 1 if is_tiny(pretrain) else min(os.cpu_count() or 1, 8)

@@ -113,10 +113,10 @@ def warn_uninformative(
 
 def warn_malformed_jump(k: int, before: dict | None, now: dict, lr_flags: dict[str, str], jump: float) -> list[str]:
     """Per trained role (``lr_flags``: each one's learning-rate flag, ``--roleN.lr``): one console line when the share
-    of its turns the env refused (``ROLE/attempts_malformed``, re-sampled attempts included) rose by at least ``jump`` (``--train.warn_malformed_jump``; 0 never) from iteration
-    k-1 (``before``: its metrics; None at a run's first iteration) to k (``now``), after updates of that role: the
-    sign of an update that broke its output format (measured: a LoRA role at learning rate 3.8e-3 went from 0.00 to
-    0.61 in one update and never agreed again, benchmarks/results/learning_paths.md). Returns the lines written."""
+    of its turns the env refused (``ROLE/attempts_malformed``, re-sampled attempts included) rose by at least ``jump``
+    (``--train.warn_malformed_jump``; 0 never) from iteration k-1 (``before``: its metrics; None at a run's first
+    iteration) to k (``now``), after updates of that role: the sign of an update that broke its output format
+    (docs/troubleshooting.md). Returns the lines written."""
     if not jump or before is None:
         return []
     lines = []

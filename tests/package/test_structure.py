@@ -133,9 +133,9 @@ def test_the_circle_finder_finds_a_circle() -> None:
 
 
 def test_no_import_circles(graph) -> None:
-    """Was: config <-> envs/registry <-> envs/custom <-> rewards <-> algorithm/ablations (issue 41). The schema now
-    imports nothing of the package and the cross-section checks sit above the environments and rewards; an
-    environment's :class:`EnvSpec` has its own module, so a ``module:Class`` spec no longer needs the registry."""
+    """No circle of imports: the schema imports nothing of the package, the cross-section checks sit above the
+    environments and rewards, and an environment's :class:`EnvSpec` has its own module, so a ``module:Class`` spec
+    needs no registry."""
     assert _circles(graph) == []
 
 

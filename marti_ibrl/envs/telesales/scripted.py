@@ -1,4 +1,4 @@
-"""Scripted TeleSales calls (issue 64 item 1): sales agents of four strategies and a rule-based customer, playing
+"""Scripted TeleSales calls: sales agents of four strategies and a rule-based customer, playing
 calls in the format ``marti-ibrl telesales sft`` reads (docs/telesales.md, "Call transcripts"), so a tiny model can
 be warm-started on both roles without an LLM or an API key.
 
