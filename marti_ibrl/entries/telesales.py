@@ -48,6 +48,14 @@ def add_commands(subparsers: Any) -> None:
     add_telesales_parsers(subparsers)
 
 
+def scripted_players(env: Any) -> dict[str, Any]:
+    """The scripted sales strategies and rule-based customer as the generic warm start's players
+    (:func:`marti_ibrl.envs.telesales.scripted.scripted_players`)."""
+    from marti_ibrl.envs.telesales.scripted import scripted_players as players
+
+    return players(env)
+
+
 def play_game(args: Any, seat: Any, name: str) -> Any:
     """A person as the customer of a call (``marti-ibrl play --env telesales``, :mod:`marti_ibrl.people`)."""
     from marti_ibrl.people.games import telesales_game
@@ -64,6 +72,7 @@ TELESALES = EnvSpec(
     judges=make_judges,
     check=check,
     commands=add_commands,
+    scripted_players=scripted_players,
     play=play_game,
 )
 SPECS = (TELESALES,)

@@ -74,3 +74,28 @@ def test_bad_arguments_are_refused():
         scripted_calls(0)
     with pytest.raises(ValueError, match="strategies must be some of"):
         scripted_calls(1, strategies=["charming"])
+
+
+def test_the_strategies_are_the_generic_warm_starts_players():
+    """``sft --env telesales`` and ``model tiny --env telesales`` play the same calls through the generic path
+    (sft.data.scripted_records): every turn accepted by the env, one record per role, and the sales records of a
+    strategy are its calls' sales turns."""
+    from marti_ibrl.config import EnvConfig
+    from marti_ibrl.envs import make_env
+    from marti_ibrl.sft.data import scripted_records
+    from marti_ibrl.sft.make import players_of
+
+    env, train = make_env(EnvConfig(name="telesales", num_scenarios=16), 1)
+    players = players_of(env, None, "telesales")
+    assert list(players) == list(STRATEGIES)
+    records = scripted_records(env, [s for _, s in train], players, 0)  # a refused turn would raise
+    assert len(records) == 2 * 16
+    sales = [m["content"] for r in records[::2] for m in r["messages"] if m["role"] == "assistant"]
+    customer = [m["content"] for r in records[1::2] for m in r["messages"] if m["role"] == "assistant"]
+    assert sum("<call_function=add_business_contact" in t for t in sales) > 0 and any(
+        "<status=end>" in t for t in sales
+    )
+    assert all(json.loads(t)["behavior"] in protocol.BEHAVIORS for t in customer)
+    pushy = [records[2 * i] for i in range(16) if i % 16 // 4 == 3]  # combinations (sales, customer): pushy's sales
+    said = [m["content"] for r in pushy for m in r["messages"] if m["role"] == "assistant"]
+    assert said and all("<status=end>" not in t for t in said)  # pushy never ends a call (its rules)

@@ -222,3 +222,34 @@ def scripted_calls(n_profiles: int, seed: int = 0, strategies: Sequence[str] = S
         for i in bar(range(n_profiles), desc="scripted calls", unit="profile", disable=n_profiles < 500)
         for s in strategies
     ]
+
+
+def scripted_players(env: Any) -> dict[str, Any]:
+    """The strategies as players of the generic warm start (``marti-ibrl sft --env telesales``, ``model tiny --env
+    telesales``; :func:`marti_ibrl.sft.data.scripted_records`): ``player(profile, role, history, rng) -> text``, the
+    strategy's sales turn or the rule-based customer's Table 16 JSON turn, from the call so far as the env renders it
+    (``history``: ``[(role, text), ...]``). Every player plays the same customer, so a call's sales strategy is its
+    sales player's name."""
+    import json
+
+    def turns_of(history: Sequence[tuple]) -> list[dict[str, Any]]:
+        return [
+            {"speaker": "sales", "text": h[1]}
+            if h[0] == "sales"
+            else {"speaker": "customer", "record": json.loads(h[1])}
+            for h in history
+        ]
+
+    def player(strategy: str):
+        def play(profile: Mapping[str, Any], role: str, history: Sequence[tuple], rng: random.Random) -> str:
+            turns = turns_of(history)
+            if role == "sales":
+                return sales_turn(strategy, profile, turns, rng)
+            r = customer_turn(profile, turns, rng)
+            before = {s: r[f"{s}_before"] for s in protocol.SCORES}
+            return protocol.format_customer_turn(r["behavior"], r["stage"], r["reply"], before,
+                                                 {s: r[f"{s}_delta"] for s in protocol.SCORES})  # fmt: skip
+
+        return play
+
+    return {s: player(s) for s in STRATEGIES}
