@@ -81,7 +81,10 @@ def env_config(env: str, flags: list[str], pretrain: str | None = None):  # -> E
     try:
         roles = env_roles(env)
         given = pretrain or "MODEL"
-        models = [x for i in range(len(roles)) for x in (f"--role{i + 1}.pretrain", given)]
+        # the roles' rewards are not the environment's business here (TeleSales' default, its judges, needs an endpoint)
+        models = [
+            x for i in range(len(roles)) for x in (f"--role{i + 1}.pretrain", given, f"--role{i + 1}.reward_fn", "rule")
+        ]
         return load_config(["--env.name", env, *flags, *models], assumed=None if pretrain else []).env
     except ConfigError as e:
         raise ValueError(str(e)) from None

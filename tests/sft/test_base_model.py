@@ -74,3 +74,18 @@ def test_sft_defaults_follow_the_models_size(tmp_path) -> None:
     wide.mkdir()
     (wide / "config.json").write_text(json.dumps({"hidden_size": 576}))  # SmolLM2-135M's
     assert defaults_for(wide) == DEFAULTS and DEFAULTS["lr"] == 1e-4
+
+
+def test_a_judged_game_needs_no_judge_for_its_base_model(tmp_path, capsys) -> None:
+    """TeleSales' roles are judged by default; a base model (and a warm start) reads the game, not its rewards: no
+    ``--judge.base_url`` asked for. Its text comes from the scripted strategies' calls."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "base"
+    assert main(["model", "tiny", "--env", "telesales", "--out", str(out), "--dialogues", "16"]) == 0, (
+        capsys.readouterr()
+    )
+    record = json.loads((out / "base_model.json").read_text())
+    assert record["text_from"].startswith("16 dialogues of its scripted players (rapport, product, early, pushy)")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert len(tokenizer("<call_function=send_contact_invitation>")["input_ids"]) <= 10  # of 40 characters
