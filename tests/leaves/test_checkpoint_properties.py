@@ -88,7 +88,7 @@ def checkpoint(draw) -> dict:
         files["model.safetensors.index.json"] = json.dumps({"weight_map": shard_map}).encode()
         files["model-1.safetensors"] = blob
         listed = isinstance(shard_map, dict) and set(map(str, shard_map.values())) == {"model-1.safetensors"}
-        whole = whole if listed else (False if isinstance(shard_map, dict) and shard_map else whole and listed)
+        whole = whole if listed else False  # a shard missing, none listed, or no weight map: never whole
     elif draw(st.integers(0, 9)):  # mostly present
         files[weight] = blob
     else:
