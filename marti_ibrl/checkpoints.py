@@ -73,8 +73,10 @@ def _weights(path: Path, names: tuple[str, ...]) -> list[Path] | str:
             if why := _json_object(file):
                 return why
             weight_map = json.loads(file.read_text()).get("weight_map")
-            if not isinstance(weight_map, dict) or not weight_map:
-                return f"{file} has no weight_map" if not isinstance(weight_map, dict) else f"{file} lists no weights"
+            if not isinstance(weight_map, dict):
+                return f"{file} has no weight_map"
+            if not weight_map:
+                return f"{file} lists no weights"
             return [path / shard for shard in sorted(set(map(str, weight_map.values())))]
         if file.is_file():
             return [file]

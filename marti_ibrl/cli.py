@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:  # a usage error is one line and exit 2 (Parser.error), --help exit 0: returned, as a handler's code
         args, rest = parser.parse_known_args(argv)
-        if args.command in ("train", "plan", "demo", "sft") or getattr(args, "model_command", None) == "tiny":
+        if getattr(args, "dotted_flags", False):  # set by the parsers that read --section.key flags
             args.flags = rest  # dotted flags are the config's business (marti_ibrl.config.load_config)
         elif rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -45,4 +45,4 @@ def add_demo_parser(sub) -> None:
         metavar="DIR",
         help="only build the model and its SFT warm start into DIR, with demo_sft.json saying how (then use --sft DIR)",
     )
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=cmd_demo, dotted_flags=True)

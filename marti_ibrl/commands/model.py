@@ -44,7 +44,7 @@ def add_model_parser(sub) -> None:
                       help="scripted dialogues whose text trains the tokenizer (default: 500)")  # fmt: skip
     tiny.add_argument("--vocab-size", type=int_range(300, 1_000_000), default=1024, help="BPE target (default: 1024)")
     tiny.add_argument("--seed", type=int, default=0, help="default: 0")
-    tiny.set_defaults(func=_cmd_tiny)
+    tiny.set_defaults(func=_cmd_tiny, dotted_flags=True)
 
 
 def _cmd_list(args) -> int:

@@ -46,7 +46,7 @@ def add_plan_parser(sub) -> None:
         help="propose the layouts that fit the allocation (colocation, ranks, engines, TP, ZeRO, micro-batch), best "
         "first, each as the flags to add; when none does, the smallest allocation that would (marti_ibrl/cluster/layouts.py)",
     )
-    plan.set_defaults(func=main)
+    plan.set_defaults(func=main, dotted_flags=True)
 
 
 def main(args: argparse.Namespace) -> int:

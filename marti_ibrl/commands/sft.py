@@ -172,4 +172,4 @@ def add_sft_parser(sub) -> None:
     old.add_argument("--role", default=None, help="sales | customer")
     old.add_argument("--transcripts", default=None, metavar="FILE.jsonl")
     old.add_argument("--lenient", action="store_true", help="skip bad calls instead of failing")
-    p.set_defaults(func=cmd_sft)
+    p.set_defaults(func=cmd_sft, dotted_flags=True)

@@ -66,7 +66,7 @@ def add_train_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     with_schema_flags(train)
-    train.set_defaults(func=cmd_train)
+    train.set_defaults(func=cmd_train, dotted_flags=True)
 
 
 def with_schema_flags(parser: argparse.ArgumentParser) -> None:

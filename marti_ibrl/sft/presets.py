@@ -54,9 +54,14 @@ TINY_WIDTH = 256
 
 
 def is_tiny(model_dir: str | os.PathLike[str]) -> bool:
-    """Whether the HF model in ``model_dir`` is :data:`TINY_WIDTH` wide or less (its ``config.json``)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return config.get("hidden_size", TINY_WIDTH + 1) <= TINY_WIDTH
+    """Whether the HF model in ``model_dir`` is :data:`TINY_WIDTH` wide or less (its ``config.json``); False when
+    that cannot be read (what loads the model says why, in its own words)."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    width = config.get("hidden_size") if isinstance(config, dict) else None
+    return isinstance(width, int) and width <= TINY_WIDTH
 
 
 # Generation cap of the validity check. Scripted-bot turns are 30-60 tokens with the tiny tokenizer (mean ~45),
